@@ -1,0 +1,1 @@
+"""The JAX front end: jaxpr in, guarded callable out."""

@@ -1,0 +1,99 @@
+"""A jaxpr seen through the engine's :class:`passes.graph.Graph` protocol.
+
+Equations are nodes (numbered by position), ``Var`` objects are values.
+``Literal`` is unhashable in JAX 0.10 and ``DropVar`` subclasses ``Var``, so both
+are mapped to ``None`` here and nowhere else.
+"""
+from __future__ import annotations
+
+from typing import Dict, Hashable, List, Optional, Tuple
+
+import numpy as np
+from jax.extend import core as jex_core
+
+Literal = jex_core.Literal
+DropVar = jex_core.DropVar
+
+
+def is_literal(atom) -> bool:
+    return isinstance(atom, Literal)
+
+
+def is_inexact_aval(aval) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    if dtype is None:
+        return False
+    try:
+        return bool(np.issubdtype(dtype, np.inexact))
+    except TypeError:  # extended dtypes (PRNG keys) and float0
+        return False
+
+
+class OriginToken:
+    """Names one equation of one jaxpr in reports; hashable by identity of both."""
+    __slots__ = ("graph", "node")
+
+    def __init__(self, graph: "JaxprGraph", node: int):
+        self.graph = graph
+        self.node = node
+
+    @property
+    def eqn(self):
+        return self.graph.eqns[self.node]
+
+    def __hash__(self):
+        return hash((id(self.graph), self.node))
+
+    def __eq__(self, other):
+        return (isinstance(other, OriginToken) and other.graph is self.graph
+                and other.node == self.node)
+
+    def __repr__(self):
+        return f"{self.eqn.primitive.name}#{self.node}"
+
+
+class JaxprGraph:
+    """Adapter of one (open) jaxpr.  ``scope`` names the nesting for reports."""
+
+    def __init__(self, jaxpr, scope: str = ""):
+        self.jaxpr = jaxpr
+        self.eqns = jaxpr.eqns
+        self.scope = scope
+        self._producers: Optional[Dict[Hashable, Tuple[int, int]]] = None
+        self._origins: Dict[int, OriginToken] = {}
+
+    # -- passes.graph.Graph --------------------------------------------------
+    def node_count(self) -> int:
+        return len(self.eqns)
+
+    def op_name(self, node: int) -> str:
+        return self.eqns[node].primitive.name
+
+    def node_inputs(self, node: int) -> List[Optional[Hashable]]:
+        return [None if isinstance(v, Literal) else v for v in self.eqns[node].invars]
+
+    def node_outputs(self, node: int) -> List[Optional[Hashable]]:
+        return [None if isinstance(v, DropVar) else v for v in self.eqns[node].outvars]
+
+    def graph_outputs(self) -> List[Optional[Hashable]]:
+        return [None if isinstance(v, Literal) else v for v in self.jaxpr.outvars]
+
+    def carries_derivative(self, value) -> bool:
+        return is_inexact_aval(value.aval)
+
+    def origin(self, node: int) -> OriginToken:
+        tok = self._origins.get(node)
+        if tok is None:
+            tok = self._origins[node] = OriginToken(self, node)
+        return tok
+
+    # -- helpers for the interpreter ------------------------------------------
+    def producer(self, var) -> Optional[Tuple[int, int]]:
+        """(node, output index) that defines ``var``; None for invars/constvars."""
+        if self._producers is None:
+            self._producers = {}
+            for n, eqn in enumerate(self.eqns):
+                for j, v in enumerate(eqn.outvars):
+                    if not isinstance(v, DropVar):
+                        self._producers[v] = (n, j)
+        return self._producers.get(var)

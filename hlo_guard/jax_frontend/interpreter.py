@@ -1,0 +1,360 @@
+"""Re-evaluate a jaxpr with gradient guards (the custom-interpreter pattern).
+
+Each equation is re-bound as ``core.eval_jaxpr`` does, inside its own source
+context so that guards and re-bound operations keep the user's file:line in
+jaxprs and HLO metadata.  Before an equation runs, every planned use gets
+
+    x_g = select(mask, x, stop_gradient(x))
+
+which is ``x`` in every lane (the forward program is unchanged, and XLA folds
+it away), while in any derivative the dead lanes' contribution is selected to
+an exact zero before ``0 * inf`` can leave them.
+
+Masks are built on demand (:class:`passes.masks.MaskResolver`).  They read
+values from the guarded environment, which holds the same values as the
+original program; a value not computed yet (a predicate downstream of the
+guarded operation) is computed once on the side, unguarded and
+gradient-stopped.  Effectful equations are never computed on the side: a
+guard whose mask would need one is skipped (conservative) and reported.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import numpy as np
+from jax import lax
+from jax._src import source_info_util
+from jax._src.core import eval_jaxpr
+
+from passes.analysis import Analysis
+from passes.masks import ALL, NONE, MaskResolver
+from passes.planning import GuardSite, plan_guards
+
+from hlo_guard.jax_frontend.graph import DropVar, Literal, is_inexact_aval
+from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
+from hlo_guard.jax_frontend.rules import RULES
+from hlo_guard.jax_frontend.rules.calls import (REWRITTEN_CALLS, body_of,
+                                                 control_bodies, open_jaxpr)
+
+_MISSING = object()
+
+
+class ShadowUnavailable(Exception):
+    """A mask needs a value that cannot be computed a second time."""
+
+
+@contextlib.contextmanager
+def eqn_context(eqn):
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), \
+            eqn.ctx.manager:
+        yield
+
+
+def bind_eqn(eqn, invals):
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, bind_params = params if isinstance(params, tuple) else ([], params)
+    out = eqn.primitive.bind(*subfuns, *invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def stop_if_inexact(x):
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and is_inexact_aval(x):
+        return lax.stop_gradient(x)
+    return x
+
+
+# -- per-analysis plan, cached on the analysis ---------------------------------
+
+def sites_by_node(analysis: Analysis) -> Dict[int, List[GuardSite]]:
+    cached = analysis.notes.get("_sites")
+    if cached is None:
+        sites, _ = plan_guards(analysis)
+        cached = {}
+        for s in sites:
+            cached.setdefault(s.node, []).append(s)
+        analysis.notes["_sites"] = cached
+    return cached
+
+
+def needs_rewrite(analysis: Analysis) -> bool:
+    """Whether evaluating this graph differs from binding it as it is."""
+    cached = analysis.notes.get("_needs_rewrite")
+    if cached is None:
+        cached = bool(sites_by_node(analysis))
+        if not cached:
+            eqns = analysis.graph.eqns
+            for (node, _), sub in analysis.subs.items():
+                name = eqns[node].primitive.name
+                if (name in REWRITTEN_CALLS or name in ("cond", "while", "scan")) \
+                        and needs_rewrite(sub):
+                    cached = True
+                    break
+        analysis.notes["_needs_rewrite"] = cached
+    return cached
+
+
+# -- evaluation ----------------------------------------------------------------
+
+class Scope:
+    """The guarded (or mask-only) evaluation of one jaxpr."""
+
+    def __init__(self, analysis: Analysis, consts: Sequence[Any], args: Sequence[Any],
+                 out_masks: Sequence[Any], parent: Optional["Scope"] = None,
+                 parent_inputs: Optional[Dict[Any, Any]] = None):
+        self.analysis = analysis
+        self.graph = analysis.graph
+        self.jaxpr = self.graph.jaxpr
+        self.env: Dict[Any, Any] = {}
+        self.shadow: Dict[Any, Any] = {}
+        self.parent = parent
+        self.parent_inputs = parent_inputs or {}
+        for v, c in zip(self.jaxpr.constvars, consts):
+            self.env[v] = c
+        for v, a in zip(self.jaxpr.invars, args):
+            self.env[v] = a
+        self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
+        self.children: Dict[Any, "Scope"] = {}
+        self.skipped = _SkipLog(analysis.notes.setdefault("_skipped", set()))
+
+    # -- values ------------------------------------------------------------------
+    def value(self, atom):
+        if isinstance(atom, Literal):
+            return atom.val
+        val = self._known(atom)
+        if val is _MISSING:
+            self._compute_on_side(atom)
+            val = self._known(atom)
+        return val
+
+    def _known(self, var):
+        val = self.env.get(var, _MISSING)
+        if val is _MISSING:
+            val = self.shadow.get(var, _MISSING)
+        if val is _MISSING and var in self.parent_inputs:
+            val = self.parent.value(self.parent_inputs[var])
+            self.shadow[var] = val
+        return val
+
+    def _compute_on_side(self, target):
+        stack = [target]
+        eqns = self.graph.eqns
+        while stack:
+            var = stack[-1]
+            if self._known(var) is not _MISSING:
+                stack.pop()
+                continue
+            prod = self.graph.producer(var)
+            if prod is None:
+                raise ShadowUnavailable(f"no value for {var}")
+            eqn = eqns[prod[0]]
+            missing = [v for v in eqn.invars
+                       if not isinstance(v, Literal) and self._known(v) is _MISSING]
+            if missing:
+                stack.extend(missing)
+                continue
+            if eqn.effects:
+                raise ShadowUnavailable(
+                    f"the mask needs the result of effectful '{eqn.primitive.name}', "
+                    "which must run exactly once")
+            invals = [stop_if_inexact(self.value(v)) for v in eqn.invars]
+            with eqn_context(eqn):
+                outs = bind_eqn(eqn, invals)
+            for ov, o in zip(eqn.outvars, outs):
+                if not isinstance(ov, DropVar):
+                    self.shadow[ov] = o
+            stack.pop()
+
+    # -- masks -------------------------------------------------------------------
+    def _input_masks(self, node, out_masks):
+        eqn = self.graph.eqns[node]
+        rule = RULES.get(eqn.primitive.name)
+        return rule.input_masks(self, node, eqn, out_masks)
+
+    def child_masks(self, node: int, k: int, out_masks) -> "Scope":
+        """A mask-only scope over the body of call ``node``, reading its inputs
+        from this scope's values (used to push masks through a call)."""
+        key = (node, k, tuple(id(m) for m in out_masks))
+        child = self.children.get(key)
+        if child is None:
+            eqn = self.graph.eqns[node]
+            body, consts = body_of(eqn)
+            sub = self.analysis.subs[(node, k)]
+            child = Scope(sub, consts, [], out_masks, parent=self,
+                          parent_inputs=dict(zip(body.invars, eqn.invars)))
+            self.children[key] = child
+        return child
+
+    # -- guarded evaluation --------------------------------------------------------
+    def guard(self, node: int, site: GuardSite, x):
+        if site.statically_dead:
+            return lax.stop_gradient(x)
+        try:
+            mask = self.resolver.use_mask(node, site.index)
+        except ShadowUnavailable as exc:
+            self.skipped.append((node, site.index, str(exc)))
+            return x
+        if mask is ALL:
+            return x
+        if mask is NONE:
+            return lax.stop_gradient(x)
+        shape = np.shape(x)
+        return lax.select(to_guard_mask(mask, shape), x, lax.stop_gradient(x))
+
+    def run(self) -> List[Any]:
+        sites = sites_by_node(self.analysis)
+        env = self.env
+        for node, eqn in enumerate(self.graph.eqns):
+            invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
+            with eqn_context(eqn):
+                for site in sites.get(node, ()):
+                    invals[site.index] = self.guard(node, site, invals[site.index])
+                outs = self._bind(node, eqn, invals)
+            for ov, o in zip(eqn.outvars, outs):
+                if not isinstance(ov, DropVar):
+                    env[ov] = o
+        return [v.val if isinstance(v, Literal) else env[v] for v in self.jaxpr.outvars]
+
+    def output_masks_for(self, node: int, sub: Analysis):
+        """Masks of call ``node``'s outputs to pass into its guarded body."""
+        eqn = self.graph.eqns[node]
+        passed, fixed = [], []
+        for j, lv in enumerate(sub.out_liveness):
+            if lv.is_partial:
+                ov = eqn.outvars[j]
+                try:
+                    m = self.resolver.value_mask(None if isinstance(ov, DropVar) else ov)
+                except ShadowUnavailable as exc:
+                    self.skipped.append((node, None, str(exc)))
+                    m = ALL
+                passed.append(to_guard_mask(m, tuple(ov.aval.shape)))
+                fixed.append(None)
+            else:
+                fixed.append(ALL if lv.is_live else NONE)
+        return passed, fixed
+
+    def _bind(self, node, eqn, invals):
+        name = eqn.primitive.name
+        binder = BINDERS.get(name)
+        if binder is not None:
+            subs = [self.analysis.subs.get((node, k)) for k in range(_n_bodies(eqn))]
+            if any(s is not None and needs_rewrite(s) for s in subs):
+                return binder(self, node, eqn, invals)
+        return bind_eqn(eqn, invals)
+
+
+def _n_bodies(eqn):
+    name = eqn.primitive.name
+    if name in REWRITTEN_CALLS:
+        return 1
+    return len(control_bodies(eqn))
+
+
+def run_guarded(analysis: Analysis, consts, args, out_masks=None):
+    if out_masks is None:
+        out_masks = [ALL] * len(analysis.graph.jaxpr.outvars)
+    return Scope(analysis, consts, args, out_masks).run()
+
+
+# -- re-binding calls and control flow with guarded bodies ------------------------
+
+def _guarded_body(sub: Analysis, consts, n_args: int, fixed):
+    """A function (*args, *passed_masks) -> outputs evaluating ``sub`` guarded."""
+    def body(*args_and_masks):
+        args = args_and_masks[:n_args]
+        passed = iter(args_and_masks[n_args:])
+        out_masks = [next(passed) if f is None else f for f in fixed]
+        return run_guarded(sub, consts, args, out_masks)
+    return body
+
+
+def _bind_call(scope: Scope, node, eqn, invals):
+    sub = scope.analysis.subs[(node, 0)]
+    passed, fixed = scope.output_masks_for(node, sub)
+    key = ("_callable", node, tuple(f is None for f in fixed))
+    fn = scope.analysis.notes.get(key)
+    if fn is None:
+        body, consts = body_of(eqn)
+        inner = _guarded_body(sub, consts, len(invals), fixed)
+        name = eqn.primitive.name
+        if name in ("remat2", "checkpoint"):
+            fn = jax.checkpoint(inner, prevent_cse=eqn.params.get("prevent_cse", True),
+                                policy=eqn.params.get("policy"))
+        else:
+            inner.__name__ = inner.__qualname__ = str(eqn.params.get("name", "guarded_call"))
+            if name in ("jit", "pjit"):
+                fn = jax.jit(inner, inline=eqn.params.get("inline", False))
+            else:
+                fn = inner
+        scope.analysis.notes[key] = fn
+    return list(fn(*invals, *passed))
+
+
+def _run_body(sub, consts):
+    def fn(*args):
+        return run_guarded(sub, consts, args)
+    return fn
+
+
+def _bind_cond(scope: Scope, node, eqn, invals):
+    branches = eqn.params["branches"]
+    fns = []
+    for k, br in enumerate(branches):
+        body, consts = open_jaxpr(br)
+        fns.append(_run_body(scope.analysis.subs[(node, k)], consts))
+    index, *ops = invals
+    return list(lax.switch(index, fns, *ops))
+
+
+def _bind_while(scope: Scope, node, eqn, invals):
+    p = eqn.params
+    cond_jaxpr, cond_consts_closed = open_jaxpr(p["cond_jaxpr"])
+    body_jaxpr, body_consts_closed = open_jaxpr(p["body_jaxpr"])
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, init = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
+    sub = scope.analysis.subs[(node, 0)]
+
+    def cond_fun(carry):
+        return eval_jaxpr(cond_jaxpr, cond_consts_closed, *cconsts, *carry)[0]
+
+    def body_fun(carry):
+        return run_guarded(sub, body_consts_closed, [*bconsts, *carry])
+
+    return list(lax.while_loop(cond_fun, body_fun, list(init)))
+
+
+def _bind_scan(scope: Scope, node, eqn, invals):
+    p = eqn.params
+    body_jaxpr, body_consts = open_jaxpr(p["jaxpr"])
+    nconsts, ncarry = p["num_consts"], p["num_carry"]
+    consts, init, xs = invals[:nconsts], invals[nconsts:nconsts + ncarry], \
+        invals[nconsts + ncarry:]
+    sub = scope.analysis.subs[(node, 0)]
+
+    def body(carry, x):
+        outs = run_guarded(sub, body_consts, [*consts, *carry, *x])
+        return outs[:ncarry], outs[ncarry:]
+
+    carry, ys = lax.scan(body, list(init), list(xs), length=p["length"],
+                         reverse=p["reverse"], unroll=p["unroll"])
+    return list(carry) + list(ys)
+
+
+BINDERS = {
+    "jit": _bind_call, "pjit": _bind_call, "closed_call": _bind_call,
+    "core_call": _bind_call, "remat2": _bind_call, "checkpoint": _bind_call,
+    "cond": _bind_cond, "while": _bind_while, "scan": _bind_scan,
+}
+
+
+class _SkipLog:
+    """Guards skipped because their mask needed an effectful value (deduplicated)."""
+
+    def __init__(self, store: set):
+        self.store = store
+
+    def append(self, item):
+        self.store.add(item)

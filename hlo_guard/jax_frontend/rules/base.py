@@ -1,0 +1,67 @@
+"""Common shape of a JAX rule: static transfer plus a per-lane mask function.
+
+``transfer`` and ``guards_input`` are what :mod:`passes` needs.  ``input_masks``
+turns the masks of an equation's outputs into one mask per input; it reads the
+values it needs (predicates, operands, indices) through ``mctx.value``, which
+returns the value from the guarded evaluation when it already exists and
+computes it (unguarded, gradient-stopped) otherwise.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, join_all, partial_by
+from passes.masks import ALL, NONE
+from passes.rules import Rule
+
+from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+
+
+class JaxRule(Rule):
+    #: True when a partly dead input needs ``select(mask, x, stop_gradient(x))``
+    guards = False
+
+    def guards_input(self, analysis, node, index) -> bool:
+        if not self.guards:
+            return False
+        atom = analysis.graph.eqns[node].invars[index]
+        return not is_literal(atom) and is_inexact_aval(atom.aval)
+
+    def input_masks(self, mctx, node: int, eqn, out_masks: List[Any]) -> List[Any]:
+        raise NotImplementedError(type(self).__name__)
+
+
+def joined(outs: Sequence[Liveness]) -> Liveness:
+    return join_all(outs)
+
+
+def same_as_output(eqn, outs) -> List[Liveness]:
+    lv = joined(outs)
+    return [lv] * len(eqn.invars)
+
+
+def aval_shape(atom):
+    return tuple(getattr(atom.aval, "shape", ()))
+
+
+def diff_indices(eqn) -> List[int]:
+    return [i for i, v in enumerate(eqn.invars)
+            if not is_literal(v) and is_inexact_aval(v.aval)]
+
+
+def or_all(masks):
+    from hlo_guard.jax_frontend.mask_ops import ALGEBRA
+    from passes.masks import or_masks
+    result = NONE
+    for m in masks:
+        result = or_masks(ALGEBRA, result, m)
+    return result
+
+
+def dropping(analysis, node, out: Liveness) -> Liveness:
+    """The liveness of an input some of whose lanes ``node`` drops."""
+    if not out.reaches_output:
+        return NO_DERIVATIVE
+    if out.is_dead:
+        return out
+    return partial_by(analysis.graph.origin(node), out)

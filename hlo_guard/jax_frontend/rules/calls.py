@@ -1,0 +1,131 @@
+"""Calls and control flow.
+
+* ``jit`` (every ``jnp.where`` is one), ``closed_call``, ``core_call``,
+  ``remat2``: the body is analysed with the liveness of the call's outputs and
+  its inputs get the liveness of the body's inputs.  The interpreter keeps the
+  boundary and re-binds the call with a guarded body (passing the output masks
+  in as extra arguments when some outputs are partly dead).
+* ``custom_jvp_call`` / ``custom_vjp_call``: the *primal* body tells which input
+  lanes feed which output lanes; the inputs are guarded with those masks, which
+  absorbs whatever the custom rule computes in dead lanes.  The body itself is
+  never rewritten (its derivative is the user's rule, not JAX's).
+* ``cond``, ``while``, ``scan``: bodies are guarded internally with fully live
+  boundaries; dead lanes arriving at the boundary from outside are reported,
+  not followed (conservative).
+"""
+from __future__ import annotations
+
+from passes.lattice import LIVE, NO_DERIVATIVE
+
+from hlo_guard.jax_frontend.graph import JaxprGraph
+from hlo_guard.jax_frontend.rules.base import JaxRule, joined
+
+
+def open_jaxpr(obj):
+    """(open jaxpr, consts) of a ClosedJaxpr or a Jaxpr param."""
+    if hasattr(obj, "jaxpr") and hasattr(obj, "consts"):
+        return obj.jaxpr, list(obj.consts)
+    return obj, []
+
+
+CALL_BODY_PARAM = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+}
+
+#: calls whose body the interpreter rewrites (custom-derivative calls are not)
+REWRITTEN_CALLS = {"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"}
+
+
+def body_of(eqn):
+    return open_jaxpr(eqn.params[CALL_BODY_PARAM[eqn.primitive.name]])
+
+
+def scope_name(parent_scope: str, eqn) -> str:
+    name = eqn.params.get("name")
+    label = f"{eqn.primitive.name}({name})" if name else eqn.primitive.name
+    return f"{parent_scope}/{label}" if parent_scope else label
+
+
+class LazyMasks:
+    """Masks of a call's inputs, each computed only when a guard asks for it
+    (``jnp.where`` passes literals that nobody needs a mask for)."""
+
+    def __init__(self, compute, n):
+        self._compute = compute
+        self._n = n
+        self._done = {}
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if i not in self._done:
+            self._done[i] = self._compute(i)
+        return self._done[i]
+
+
+class Call(JaxRule):
+    kind = "call"
+
+    def __init__(self, guards: bool):
+        self.guards = guards
+
+    def transfer(self, analysis, node, outs):
+        eqn = analysis.graph.eqns[node]
+        body, _ = body_of(eqn)
+        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn))
+        sub = analysis.analyze_sub(node, 0, graph, outs)
+        return [sub.value_liveness(v) for v in body.invars]
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        body, _ = body_of(eqn)
+        child = mctx.child_masks(node, 0, out_masks)
+        return LazyMasks(lambda i: child.resolver.value_mask(body.invars[i]), len(body.invars))
+
+
+class ControlFlow(JaxRule):
+    """Bodies analysed (and later guarded) with fully live boundaries."""
+    kind = "control-flow"
+
+    def transfer(self, analysis, node, outs):
+        eqn = analysis.graph.eqns[node]
+        out = joined(outs)
+        for k, (body, _) in enumerate(control_bodies(eqn)):
+            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]")
+            analysis.analyze_sub(node, k, graph, [LIVE] * len(body.outvars))
+        if out.reaches_output and not out.is_live:
+            analysis.note_unreached(
+                node, f"{eqn.primitive.name} boundary: dead lanes of its outputs are not "
+                      "followed into its body (inputs kept fully live)", out)
+        return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        from passes.masks import ALL
+        return [ALL] * len(eqn.invars)
+
+
+def control_bodies(eqn):
+    """The differentiable bodies of a control-flow equation, as (jaxpr, consts)."""
+    name = eqn.primitive.name
+    if name == "cond":
+        return [open_jaxpr(b) for b in eqn.params["branches"]]
+    if name == "while":
+        return [open_jaxpr(eqn.params["body_jaxpr"])]
+    if name == "scan":
+        return [open_jaxpr(eqn.params["jaxpr"])]
+    return []
+
+
+def register(table):
+    table.register(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"],
+                   Call(guards=False))
+    table.register(["custom_jvp_call", "custom_vjp_call"], Call(guards=True))
+    table.register(["cond", "while", "scan"], ControlFlow())

@@ -1,0 +1,82 @@
+"""Elementwise primitives: a lane of an input is live where the output is.
+
+Binary lax operations broadcast rank-0 operands (and size-1 dimensions)
+implicitly, so an operand's mask is the output mask OR-reduced over the
+dimensions it was broadcast along.
+
+Which elementwise operations need a guard?  Those whose local derivative can be
+non-finite -- ``sqrt'(0)``, ``log'(0)``, ``d(1/x)``, ``arccos'(1)`` -- but also
+``mul`` (its derivative is the *other* operand, which can be inf) and almost
+everything else.  Only operations whose derivative is a finite constant (add,
+sub, neg, conversions, real/imag/conj) pass an exact zero cotangent through
+unchanged and need none; the mask still flows through them.
+"""
+from __future__ import annotations
+
+from passes.lattice import NO_DERIVATIVE
+
+from hlo_guard.jax_frontend.mask_ops import reduce_to_shape
+from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, or_all,
+                                                same_as_output)
+
+
+class Elementwise(JaxRule):
+    kind = "elementwise"
+
+    def __init__(self, guards: bool):
+        self.guards = guards
+
+    def transfer(self, analysis, node, outs):
+        return same_as_output(analysis.graph.eqns[node], outs)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        out = or_all(out_masks)
+        out_shape = aval_shape(eqn.outvars[0])
+        return [reduce_to_shape(out, out_shape, aval_shape(v)) for v in eqn.invars]
+
+
+class ZeroDerivative(JaxRule):
+    """Comparisons, rounding, sign, ``stop_gradient``, argmax ...: JAX gives
+    these a zero (or no) derivative, so nothing flows back through them."""
+    kind = "zero-derivative"
+
+    def transfer(self, analysis, node, outs):
+        return [NO_DERIVATIVE] * len(analysis.graph.eqns[node].invars)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        from passes.masks import NONE
+        return [NONE] * len(eqn.invars)
+
+
+# Derivative is a finite constant: a zero cotangent stays exactly zero.
+LINEAR_ELEMENTWISE = [
+    "add", "sub", "neg", "add_any", "convert_element_type", "copy", "copy_p",
+    "reduce_precision", "real", "imag", "complex", "conj", "optimization_barrier",
+]
+
+# Local derivative may be non-finite (or is another operand that may be).
+NONLINEAR_ELEMENTWISE = [
+    "mul", "div", "rem", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt",
+    "exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "tan", "sin",
+    "cos", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh",
+    "atan2", "abs", "erf", "erfc", "erf_inv", "lgamma", "digamma", "igamma",
+    "igammac", "igamma_grad_a", "polygamma", "zeta", "bessel_i0e", "bessel_i1e",
+    "regularized_incomplete_beta", "random_gamma_grad", "nextafter",
+]
+
+ZERO_DERIVATIVE = [
+    "eq", "ne", "lt", "le", "gt", "ge", "eq_to", "lt_to", "le_to",
+    "sign", "floor", "ceil", "round", "is_finite", "stop_gradient",
+    "and", "or", "not", "xor", "shift_left", "shift_right_arithmetic",
+    "shift_right_logical", "population_count", "clz", "argmax", "argmin",
+    "iota", "reduce_and", "reduce_or", "reduce_xor", "random_bits",
+    "random_seed", "random_wrap", "random_unwrap", "random_fold_in",
+    "random_split", "threefry2x32", "rng_bit_generator", "rng_uniform",
+    "bitcast_convert_type", "top_k_indices", "lu_pivots_to_permutation",
+]
+
+
+def register(table):
+    table.register(LINEAR_ELEMENTWISE, Elementwise(guards=False))
+    table.register(NONLINEAR_ELEMENTWISE, Elementwise(guards=True))
+    table.register(ZERO_DERIVATIVE, ZeroDerivative())

@@ -1,0 +1,138 @@
+"""Selecting primitives: where lanes die.
+
+Each rule mirrors the convention of JAX's own derivative exactly, because a
+lane JAX differentiates must never be marked dead:
+
+* ``select_n(p, *cases)``: case k is live where ``p == k``.  Its JVP selects
+  tangents and its transpose selects cotangents, so no guard is needed *at*
+  the select; the guards go on the operations that computed the cases.
+* ``max``/``min``: JAX multiplies the tangent by ``_balanced_eq`` (1, 1/2 on a
+  tie, 0 for the loser), so an operand is live where it equals the result.  A
+  multiply by 0 turns an inf/NaN tangent or cotangent into NaN, hence these
+  operands *are* guarded.
+* ``clamp(lo, x, hi)``: JAX selects: ``x`` where ``lo < x < hi`` (strict),
+  ``lo`` where ``lo > x`` and ``lo < hi``, ``hi`` where ``hi < x``.
+* ``reduce_max``/``reduce_min``: location indicators ``x == max`` (ties share),
+  multiplied -- guarded.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from passes.lattice import NO_DERIVATIVE, dead_by, partial_by
+from passes.masks import ALL, NONE
+
+from hlo_guard.jax_frontend.graph import is_literal
+from hlo_guard.jax_frontend.mask_ops import (and_, broadcast_to, normalize,
+                                              reduce_to_shape, xp)
+from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, dropping,
+                                                joined, or_all)
+
+
+class SelectN(JaxRule):
+    kind = "selection"
+
+    def transfer(self, analysis, node, outs):
+        eqn = analysis.graph.eqns[node]
+        out = joined(outs)
+        n_cases = len(eqn.invars) - 1
+        if not out.reaches_output:
+            return [NO_DERIVATIVE] * (n_cases + 1)
+        origin = analysis.graph.origin(node)
+        pred = eqn.invars[0]
+        if is_literal(pred) and np.ndim(pred.val) == 0:
+            chosen = int(pred.val)
+            cases = [out if k == chosen else dead_by(origin) for k in range(n_cases)]
+        elif out.is_dead:
+            cases = [out.with_origin(origin)] * n_cases
+        else:
+            cases = [partial_by(origin, out)] * n_cases
+        return [NO_DERIVATIVE] + cases
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        out = out_masks[0]
+        shape = aval_shape(eqn.outvars[0])
+        p = mctx.value(eqn.invars[0])
+        m = xp(p)
+        masks = [NONE]
+        for k in range(len(eqn.invars) - 1):
+            if np.dtype(eqn.invars[0].aval.dtype) == np.bool_:
+                chosen = p if k == 1 else m.logical_not(p)
+            else:
+                chosen = m.equal(p, k)
+            chosen = normalize(broadcast_to(chosen, shape))
+            masks.append(and_(out, chosen, shape))
+        return masks
+
+
+class MaxMin(JaxRule):
+    """``max``/``min``: live where the operand equals the result (ties: both)."""
+    kind = "selection"
+    guards = True
+
+    def transfer(self, analysis, node, outs):
+        eqn = analysis.graph.eqns[node]
+        lv = dropping(analysis, node, joined(outs))
+        return [lv] * len(eqn.invars)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        out = out_masks[0]
+        shape = aval_shape(eqn.outvars[0])
+        ans = mctx.value(eqn.outvars[0])
+        masks = []
+        for v in eqn.invars:
+            x = mctx.value(v)
+            chosen = normalize(broadcast_to(xp(x, ans).equal(x, ans), shape))
+            masks.append(reduce_to_shape(and_(out, chosen, shape), shape, aval_shape(v)))
+        return masks
+
+
+class Clamp(JaxRule):
+    kind = "selection"
+
+    def transfer(self, analysis, node, outs):
+        lv = dropping(analysis, node, joined(outs))
+        return [lv, lv, lv]
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        out = out_masks[0]
+        shape = aval_shape(eqn.outvars[0])
+        lo, x, hi = (mctx.value(v) for v in eqn.invars)
+        m = xp(lo, x, hi)
+        chosen = [
+            m.logical_and(m.greater(lo, x), m.less(lo, hi)),
+            m.logical_and(m.greater(x, lo), m.less(x, hi)),
+            m.less(hi, x),
+        ]
+        return [reduce_to_shape(and_(out, normalize(broadcast_to(c, shape)), shape),
+                                shape, aval_shape(v))
+                for c, v in zip(chosen, eqn.invars)]
+
+
+class ReduceChooser(JaxRule):
+    """``reduce_max``/``reduce_min``: live where the element equals the result."""
+    kind = "selection"
+    guards = True
+
+    def transfer(self, analysis, node, outs):
+        return [dropping(analysis, node, joined(outs))]
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        axes = tuple(eqn.params["axes"])
+        in_shape = aval_shape(eqn.invars[0])
+        keep = tuple(1 if d in axes else s for d, s in enumerate(in_shape))
+        x = mctx.value(eqn.invars[0])
+        ans = mctx.value(eqn.outvars[0])
+        m = xp(x, ans)
+        chosen = normalize(m.equal(x, m.reshape(ans, keep)))
+        out = out_masks[0]
+        if out is not ALL and out is not NONE:
+            out = normalize(xp(out).broadcast_to(xp(out).reshape(out, keep), in_shape))
+        return [and_(out, chosen, in_shape)]
+
+
+def register(table):
+    table.register("select_n", SelectN())
+    table.register(["max", "min"], MaxMin())
+    table.register("clamp", Clamp())
+    table.register(["reduce_max", "reduce_min"], ReduceChooser())

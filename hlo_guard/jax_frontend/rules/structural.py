@@ -1,0 +1,240 @@
+"""Structural primitives: lanes move, merge or are dropped.
+
+For every operation here the derivative is a linear map whose coefficients are
+0 or 1 (broadcast, reshape, slice, gather, pad, concatenate, scatter, sums,
+cumulative sums, window sums) -- or becomes one when the other operand of a
+bilinear operation (``dot_general``, convolution) is replaced by ones.  So one
+generic rule serves them all: apply JAX's own VJP of the operation to the float
+output mask; an input lane is live iff what comes back is non-zero.  Because
+the coefficients are non-negative nothing cancels, and because it *is* JAX's
+own VJP, the mask follows JAX's conventions (out-of-bounds modes, duplicate
+scatter indices, window selection) without restating them.
+
+When the output masks and the index operands are known at trace time the VJP
+is evaluated eagerly (``jax.ensure_compile_time_eval``) and the mask stays a
+numpy constant: slicing a literal never costs a traced op.
+"""
+from __future__ import annotations
+
+from typing import Callable, List
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.masks import ALL, NONE
+
+from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.mask_ops import is_static, materialize, normalize
+from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, diff_indices,
+                                                dropping, joined)
+
+
+def _never(eqn, i):
+    return False
+
+
+def _always(eqn, i):
+    return True
+
+
+class Structural(JaxRule):
+    """A lane of an input is live if any live output lane reads it.
+
+    ``drops(eqn, i)`` says whether input ``i`` can have lanes no output reads
+    (a slice, a gather, an overwritten region); only then does a fully live
+    output make the input partly dead.
+    """
+    kind = "structural"
+
+    def __init__(self, drops: Callable = _never, *, guards: bool = False,
+                 value_dependent: bool = False, bilinear: bool = False,
+                 seed: Callable | None = None):
+        self.drops = drops
+        self.guards = guards
+        self.value_dependent = value_dependent
+        self.bilinear = bilinear
+        self.seed = seed  # optional: replace the primitive for mask purposes
+
+    def transfer(self, analysis, node, outs):
+        eqn = analysis.graph.eqns[node]
+        out = joined(outs)
+        any_unused = any(not o.reaches_output for o in outs)
+        result = []
+        for i, v in enumerate(eqn.invars):
+            if is_literal(v) or not is_inexact_aval(v.aval) or not out.reaches_output:
+                result.append(NO_DERIVATIVE)
+            elif self.drops(eqn, i) or any_unused or out.is_dead:
+                result.append(dropping(analysis, node, out))
+            else:
+                result.append(out)
+        return result
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        return transpose_masks(mctx, eqn, out_masks, value_dependent=self.value_dependent,
+                               bilinear=self.bilinear, seed=self.seed)
+
+
+def _float_seed(mask, aval):
+    shape = tuple(aval.shape)
+    if not is_inexact_aval(aval):
+        return np.zeros(shape, dtype=jax.dtypes.float0)
+    m = materialize(mask, shape)
+    if is_static(m):
+        return np.asarray(m).astype(aval.dtype)
+    return m.astype(aval.dtype)
+
+
+def transpose_masks(mctx, eqn, out_masks, *, value_dependent=False, bilinear=False,
+                    seed=None) -> List:
+    diff = diff_indices(eqn)
+    n = len(eqn.invars)
+    if not diff:
+        return [NONE] * n
+    if all(m is NONE for m in out_masks):
+        return [NONE] * n
+    vals = []
+    for i, v in enumerate(eqn.invars):
+        if i in diff and not value_dependent:
+            vals.append(np.zeros(aval_shape(v), dtype=v.aval.dtype))
+        else:
+            vals.append(mctx.value(v))
+    cts = [_float_seed(m, v.aval) for m, v in zip(out_masks, eqn.outvars)]
+    static = all(is_static(x) for x in vals) and all(is_static(c) for c in cts)
+    prim, params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
+
+    def pullback(index_groups):
+        results = {}
+        for group in index_groups:
+            def f(*d, group=group):
+                args = list(vals)
+                for k, i in enumerate(group):
+                    args[i] = d[k]
+                if bilinear:
+                    for j in diff:
+                        if j not in group:
+                            args[j] = np.ones(aval_shape(eqn.invars[j]),
+                                              dtype=eqn.invars[j].aval.dtype)
+                out = prim.bind(*args, **params)
+                return list(out) if prim.multiple_results else [out]
+            primals = [vals[i] if value_dependent else
+                       np.zeros(aval_shape(eqn.invars[i]), dtype=eqn.invars[i].aval.dtype)
+                       for i in group]
+            if not static:
+                primals = [jax.lax.stop_gradient(p) for p in primals]
+            _, vjp = jax.vjp(f, *primals)
+            grads = vjp(cts)
+            for i, g in zip(group, grads):
+                results[i] = g != 0
+        return results
+
+    groups = [[i] for i in diff] if bilinear else [diff]
+    if static:
+        with jax.ensure_compile_time_eval():
+            found = pullback(groups)
+        found = {i: normalize(np.asarray(m)) for i, m in found.items()}
+    else:
+        found = pullback(groups)
+        found = {i: normalize(m) for i, m in found.items()}
+    return [found.get(i, NONE) for i in range(n)]
+
+
+class MixingLinear(JaxRule):
+    """Linear maps with finite, mixed-sign coefficients (FFT): a zero cotangent
+    stays zero, every input lane may be live.  No guard, no mask."""
+    kind = "linear"
+
+    def transfer(self, analysis, node, outs):
+        out = joined(outs)
+        eqn = analysis.graph.eqns[node]
+        return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        return [ALL] * len(eqn.invars)
+
+
+class Conservative(JaxRule):
+    """Known but not followed: inputs fully live, and the report says why."""
+    kind = "conservative"
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def transfer(self, analysis, node, outs):
+        out = joined(outs)
+        eqn = analysis.graph.eqns[node]
+        if out.reaches_output and not out.is_live:
+            analysis.note_unreached(node, self.reason, out)
+        return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        return [ALL] * len(eqn.invars)
+
+
+# -- when does an operation drop lanes of an input? ---------------------------
+
+def _slice_drops(eqn, i):
+    shape = aval_shape(eqn.invars[0])
+    start = eqn.params["start_indices"]
+    limit = eqn.params["limit_indices"]
+    strides = eqn.params.get("strides") or (1,) * len(shape)
+    return any(s != 0 or l != d or (st != 1 and d > 1)
+               for s, l, st, d in zip(start, limit, strides, shape))
+
+
+def _dynamic_slice_drops(eqn, i):
+    return tuple(eqn.params["slice_sizes"]) != aval_shape(eqn.invars[0])
+
+
+def _operand_only(eqn, i):
+    return i == 0
+
+
+def _pad_drops(eqn, i):
+    if i == 1:
+        return True  # the padding value reaches only the padding lanes
+    return any(lo < 0 or hi < 0 for lo, hi, _ in eqn.params["padding_config"])
+
+
+def _first_operand_drops(eqn, i):
+    return i == 0
+
+
+def _as_reduce_sum(eqn):
+    return jax.lax.reduce_sum_p, {"axes": tuple(eqn.params["axes"]), "out_sharding": None}
+
+
+def _as_cumsum(eqn):
+    return jax.lax.cumsum_p, {"axis": eqn.params["axis"], "reverse": eqn.params["reverse"]}
+
+
+def register(table):
+    same = Structural()
+    table.register(["broadcast_in_dim", "reshape", "squeeze", "expand_dims",
+                    "transpose", "rev", "concatenate", "reduce_sum", "cumsum",
+                    "tile", "stack"], same)
+    table.register("slice", Structural(_slice_drops))
+    table.register("dynamic_slice", Structural(_dynamic_slice_drops))
+    table.register("dynamic_update_slice", Structural(_first_operand_drops))
+    table.register("gather", Structural(_always))
+    table.register(["scatter-add", "scatter_add", "scatter-sub", "scatter_sub"],
+                   Structural(lambda eqn, i: i != 0))
+    table.register("scatter", Structural(_always))
+    table.register("pad", Structural(_pad_drops))
+    table.register(["split", "unstack"], Structural(_always))
+    table.register("reduce_window_sum", Structural(_always))
+    # value-dependent selections whose JAX derivative gathers/scatters (exact zeros)
+    table.register(["reduce_window_max", "reduce_window_min"],
+                   Structural(_always, value_dependent=True))
+    table.register("top_k", Structural(_always, value_dependent=True))
+    # nonlinear reductions: the structure of a sum, but the derivative multiplies
+    table.register(["reduce_prod"], Structural(guards=True, seed=_as_reduce_sum))
+    table.register(["cumprod", "cumlogsumexp", "cummax", "cummin"],
+                   Structural(guards=True, seed=_as_cumsum))
+    # bilinear: the other operand replaced by ones
+    table.register("dot_general", Structural(guards=True, bilinear=True))
+    table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))
+    table.register("fft", MixingLinear())
+    table.register("sort", Conservative(
+        "sort permutes lanes by value; its inputs are kept fully live"))

@@ -1,0 +1,29 @@
+"""Framework-neutral gradient-liveness engine.
+
+The engine knows nothing about JAX or TensorFlow.  A front end hands it a graph
+through the small protocol in :mod:`passes.graph`, plus a table of rules keyed
+by operation name (:mod:`passes.rules`).  The engine answers three questions:
+
+* which lanes of which values can carry a non-zero derivative to an output
+  (:mod:`passes.analysis`, a static lattice, and :mod:`passes.masks`, per-lane
+  masks built on demand);
+* which uses need a gradient guard (:mod:`passes.planning`);
+* what to tell the user about it (:mod:`passes.report`).
+
+Masks and guards themselves are materialised by the front end in its own ops.
+"""
+from passes.lattice import Level, Liveness, LIVE, NO_DERIVATIVE, dead_by, partial_by
+from passes.graph import Graph
+from passes.rules import Rule, RuleTable
+from passes.analysis import Analysis, analyze
+from passes.planning import GuardSite, UnguardedSite, plan_guards
+from passes.masks import ALL, NONE, MaskAlgebra, MaskResolver
+from passes.report import Report, SiteRecord, OriginRecord
+
+__all__ = [
+    "Level", "Liveness", "LIVE", "NO_DERIVATIVE", "dead_by", "partial_by",
+    "Graph", "Rule", "RuleTable", "Analysis", "analyze",
+    "GuardSite", "UnguardedSite", "plan_guards",
+    "ALL", "NONE", "MaskAlgebra", "MaskResolver",
+    "Report", "SiteRecord", "OriginRecord",
+]

@@ -1,0 +1,115 @@
+"""Static gradient-liveness analysis, backwards from the outputs.
+
+One pass over the nodes in reverse order.  For each node the rule maps the
+liveness of its outputs to a liveness per input *use*; a value's liveness is
+the join (OR over lanes) of its uses.  The result says, for every use, whether
+it is fully live (no mask needed), partly live (a mask will be built on demand)
+or dead, and records every place where dead lanes reach an operation the engine
+cannot see through (no rule, opaque call, control-flow boundary).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+
+from passes.graph import Graph
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all
+from passes.rules import RuleTable, conservative_transfer
+
+Use = Tuple[int, int]  # (node, input index)
+
+
+@dataclass
+class Unreached:
+    """Dead lanes arrive at ``node`` but the engine does not follow them further."""
+    node: int
+    reason: str
+    liveness: Liveness
+
+
+@dataclass
+class Analysis:
+    graph: Graph
+    rules: RuleTable
+    out_liveness: List[Liveness]
+    values: Dict[Hashable, Liveness] = field(default_factory=dict)
+    uses: Dict[Hashable, List[Use]] = field(default_factory=dict)
+    use_liveness: Dict[Use, Liveness] = field(default_factory=dict)
+    unreached: List[Unreached] = field(default_factory=list)
+    #: nested analyses keyed by (node, sub-graph index), filled by call rules
+    subs: Dict[Tuple[int, int], "Analysis"] = field(default_factory=dict)
+    #: anything a front end's rule wants to remember about a node
+    notes: Dict[int, Any] = field(default_factory=dict)
+
+    def value_liveness(self, value: Hashable) -> Liveness:
+        if value is None:
+            return NO_DERIVATIVE
+        return self.values.get(value, NO_DERIVATIVE)
+
+    def output_liveness(self, node: int) -> List[Liveness]:
+        return [self.value_liveness(v) for v in self.graph.node_outputs(node)]
+
+    def use(self, node: int, index: int) -> Liveness:
+        return self.use_liveness.get((node, index), NO_DERIVATIVE)
+
+    def has_partial(self) -> bool:
+        """Whether any lane anywhere (including nested graphs) is dead."""
+        if any(lv.level is not Level.LIVE for lv in self.use_liveness.values()):
+            return True
+        return any(sub.has_partial() for sub in self.subs.values())
+
+    # -- helpers for rules ---------------------------------------------------
+    def note_unreached(self, node: int, reason: str, liveness: Liveness) -> None:
+        self.unreached.append(Unreached(node, reason, liveness))
+
+    def analyze_sub(self, node: int, index: int, graph: Graph,
+                    out_liveness: Sequence[Liveness]) -> "Analysis":
+        sub = analyze(graph, self.rules, out_liveness)
+        self.subs[(node, index)] = sub
+        return sub
+
+
+def analyze(graph: Graph, rules: RuleTable,
+            out_liveness: Optional[Sequence[Liveness]] = None) -> Analysis:
+    """Run the static analysis over ``graph``.
+
+    ``out_liveness`` defaults to every output fully live (the top level of a
+    user's function); nested graphs get the liveness of their call's outputs.
+    """
+    outputs = list(graph.graph_outputs())
+    if out_liveness is None:
+        out_liveness = [LIVE] * len(outputs)
+    result = Analysis(graph, rules, list(out_liveness))
+    values = result.values
+    for v, lv in zip(outputs, out_liveness):
+        if v is not None and graph.carries_derivative(v) and lv.reaches_output:
+            values[v] = values.get(v, NO_DERIVATIVE).join(lv)
+
+    uses = result.uses
+    use_liveness = result.use_liveness
+    for node in range(graph.node_count() - 1, -1, -1):
+        outs = [values.get(v, NO_DERIVATIVE) if v is not None else NO_DERIVATIVE
+                for v in graph.node_outputs(node)]
+        if not any(o.reaches_output for o in outs):
+            continue
+        inputs = graph.node_inputs(node)
+        name = graph.op_name(node)
+        rule = rules.get(name)
+        if rule is None:
+            in_lv = conservative_transfer(len(inputs), outs)
+            joined = join_all(outs)
+            if not joined.is_live:
+                result.note_unreached(node, f"no rule for primitive '{name}'", joined)
+        else:
+            in_lv = rule.transfer(result, node, outs)
+        for i, v in enumerate(inputs):
+            if v is None:
+                continue
+            lv = in_lv[i]
+            if not lv.reaches_output or not graph.carries_derivative(v):
+                continue
+            use_liveness[(node, i)] = lv
+            uses.setdefault(v, []).append((node, i))
+            prev = values.get(v)
+            values[v] = lv if prev is None else prev.join(lv)
+    return result

@@ -1,0 +1,111 @@
+"""The static liveness lattice.
+
+Every use of a value gets one of three levels:
+
+* ``DEAD``    -- no lane carries a derivative to an output;
+* ``PARTIAL`` -- some lanes may, some may not: a per-lane mask is needed;
+* ``LIVE``    -- every lane may.
+
+Joining uses is an OR over lanes, i.e. the maximum level.  A dead or partial
+liveness remembers which *selecting operations* (a ``where``, a ``max``, a
+slice ...) made its lanes dead: those are the "origins" a report names.  The
+origin list is capped, because a long chain of selections would otherwise make
+every join quadratic; the nearest origins are the useful ones anyway.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Hashable, Tuple
+
+MAX_ORIGINS = 4
+
+
+class Level(enum.IntEnum):
+    DEAD = 0
+    PARTIAL = 1
+    LIVE = 2
+
+
+@dataclass(frozen=True)
+class Liveness:
+    level: Level
+    origins: Tuple[Hashable, ...] = ()
+
+    @property
+    def is_live(self) -> bool:
+        return self.level is Level.LIVE
+
+    @property
+    def is_dead(self) -> bool:
+        return self.level is Level.DEAD
+
+    @property
+    def is_partial(self) -> bool:
+        return self.level is Level.PARTIAL
+
+    @property
+    def reaches_output(self) -> bool:
+        """True unless no derivative flows at all (unused or non-differentiable).
+
+        A use that is DEAD *because of a selection* still reaches an output in
+        the forward program; its derivative is structurally zero and the use may
+        need a guard.  A use that is DEAD with no origin is simply never
+        differentiated.
+        """
+        return self.level is not Level.DEAD or bool(self.origins)
+
+    def join(self, other: "Liveness") -> "Liveness":
+        if self is other:
+            return self
+        if self.level is Level.LIVE or other.level is Level.LIVE:
+            return LIVE
+        level = max(self.level, other.level)
+        return Liveness(level, merge_origins(self.origins, other.origins))
+
+    def with_origin(self, origin: Hashable) -> "Liveness":
+        """The same liveness, additionally blamed on ``origin``."""
+        if self.level is Level.LIVE:
+            return self
+        return Liveness(self.level, merge_origins((origin,), self.origins))
+
+    def __repr__(self) -> str:  # compact, for debugging dumps
+        return f"{self.level.name}{list(self.origins) if self.origins else ''}"
+
+
+def merge_origins(a: tuple, b: tuple) -> tuple:
+    if not a:
+        return b[:MAX_ORIGINS]
+    if not b:
+        return a[:MAX_ORIGINS]
+    merged = list(a)
+    for o in b:
+        if o not in merged:
+            merged.append(o)
+    return tuple(merged[:MAX_ORIGINS])
+
+
+LIVE = Liveness(Level.LIVE)
+NO_DERIVATIVE = Liveness(Level.DEAD)
+
+
+def dead_by(origin: Hashable) -> Liveness:
+    """Statically dead because ``origin`` selects none of its lanes."""
+    return Liveness(Level.DEAD, (origin,))
+
+
+def partial_by(origin: Hashable, downstream: Liveness | None = None) -> Liveness:
+    """Partly dead because ``origin`` drops some lanes (and whatever ``downstream`` dropped)."""
+    base = Liveness(Level.PARTIAL, (origin,))
+    if downstream is None or downstream.level is Level.LIVE:
+        return base
+    return Liveness(Level.PARTIAL, merge_origins((origin,), downstream.origins))
+
+
+def join_all(items) -> Liveness:
+    result = NO_DERIVATIVE
+    for item in items:
+        result = result.join(item)
+        if result.level is Level.LIVE:
+            return LIVE
+    return result

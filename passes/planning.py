@@ -1,0 +1,50 @@
+"""Guard planning: which uses get ``select(mask, x, stop_gradient(x))``.
+
+A use is guarded when it is not fully live (some lane's derivative is
+structurally zero) *and* its rule says a zero cotangent could be turned into
+NaN there (local derivative possibly non-finite, or a 0/1 coefficient that is
+multiplied rather than selected).  Uses that are dead with no selection behind
+them are never differentiated and need nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from passes.analysis import Analysis, Unreached
+from passes.lattice import Level, Liveness
+
+
+@dataclass(frozen=True)
+class GuardSite:
+    node: int
+    index: int
+    liveness: Liveness
+
+    @property
+    def statically_dead(self) -> bool:
+        """Dead in every lane: the guard is a plain ``stop_gradient``."""
+        return self.liveness.level is Level.DEAD
+
+
+@dataclass(frozen=True)
+class UnguardedSite:
+    node: int
+    reason: str
+    liveness: Liveness
+
+
+def plan_guards(analysis: Analysis) -> Tuple[List[GuardSite], List[UnguardedSite]]:
+    """Guard sites and unguarded sites of one graph (not of nested graphs)."""
+    graph = analysis.graph
+    rules = analysis.rules
+    sites: List[GuardSite] = []
+    for (node, index), lv in analysis.use_liveness.items():
+        if lv.level is Level.LIVE or not lv.reaches_output:
+            continue
+        rule = rules.get(graph.op_name(node))
+        if rule is not None and rule.guards_input(analysis, node, index):
+            sites.append(GuardSite(node, index, lv))
+    sites.sort(key=lambda s: (s.node, s.index))
+    unguarded = [UnguardedSite(u.node, u.reason, u.liveness) for u in analysis.unreached]
+    return sites, unguarded
