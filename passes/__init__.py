@@ -15,15 +15,16 @@ Masks and guards themselves are materialised by the front end in its own ops.
 from passes.lattice import Level, Liveness, LIVE, NO_DERIVATIVE, dead_by, partial_by
 from passes.graph import Graph
 from passes.rules import Rule, RuleTable
-from passes.analysis import Analysis, analyze
-from passes.planning import GuardSite, UnguardedSite, plan_guards
-from passes.masks import ALL, NONE, MaskAlgebra, MaskResolver
+from passes.analysis import Analysis, ForwardAnalysis, analyze, analyze_forward
+from passes.planning import (GuardSite, OutputGuardSite, UnguardedSite, plan_guards,
+                             plan_output_guards)
+from passes.masks import ALL, NONE, ForwardMaskResolver, MaskAlgebra, MaskResolver
 from passes.report import Report, SiteRecord, OriginRecord
 
 __all__ = [
     "Level", "Liveness", "LIVE", "NO_DERIVATIVE", "dead_by", "partial_by",
-    "Graph", "Rule", "RuleTable", "Analysis", "analyze",
-    "GuardSite", "UnguardedSite", "plan_guards",
-    "ALL", "NONE", "MaskAlgebra", "MaskResolver",
+    "Graph", "Rule", "RuleTable", "Analysis", "ForwardAnalysis", "analyze", "analyze_forward",
+    "GuardSite", "OutputGuardSite", "UnguardedSite", "plan_guards", "plan_output_guards",
+    "ALL", "NONE", "MaskAlgebra", "MaskResolver", "ForwardMaskResolver",
     "Report", "SiteRecord", "OriginRecord",
 ]

@@ -113,3 +113,66 @@ def analyze(graph: Graph, rules: RuleTable,
             prev = values.get(v)
             values[v] = lv if prev is None else prev.join(lv)
     return result
+
+
+# -- forward (tangent) liveness ------------------------------------------------
+
+@dataclass
+class ForwardAnalysis:
+    """Which lanes' *tangents* can be non-zero: the forward-mode mirror.
+
+    Reverse mode leaks where a singular operation sits *upstream* of a
+    selection (a zero cotangent times an infinite derivative).  Forward mode
+    leaks where it sits *downstream*: ``sqrt(where(d > 0, d, 0))`` at ``d = 0``
+    has a structurally zero tangent in that lane (the constant branch was
+    taken), which ``sqrt'`` multiplies by inf.  A value's tangent lane is live
+    when it may depend differentiably on an input; constants and literals are
+    dead, selections pass on the lanes of the case they take.
+    """
+    graph: Graph
+    rules: RuleTable
+    in_liveness: List[Liveness]
+    values: Dict[Hashable, Liveness] = field(default_factory=dict)
+    subs: Dict[Tuple[int, int], "ForwardAnalysis"] = field(default_factory=dict)
+    notes: Dict[Any, Any] = field(default_factory=dict)
+
+    def value_liveness(self, value) -> Liveness:
+        if value is None:
+            return NO_DERIVATIVE
+        return self.values.get(value, NO_DERIVATIVE)
+
+    def input_liveness(self, node: int) -> List[Liveness]:
+        return [self.value_liveness(v) for v in self.graph.node_inputs(node)]
+
+    def analyze_sub(self, node: int, index: int, graph: Graph,
+                    in_liveness: Sequence[Liveness]) -> "ForwardAnalysis":
+        sub = analyze_forward(graph, self.rules, in_liveness)
+        self.subs[(node, index)] = sub
+        return sub
+
+
+def analyze_forward(graph, rules: RuleTable,
+                    in_liveness: Sequence[Liveness]) -> ForwardAnalysis:
+    """Forward pass over ``graph``; ``in_liveness`` is given for
+    ``graph.graph_inputs()`` (a front end decides how constants count)."""
+    result = ForwardAnalysis(graph, rules, list(in_liveness))
+    values = result.values
+    for v, lv in zip(graph.graph_inputs(), in_liveness):
+        if v is not None and graph.carries_derivative(v) and lv.reaches_output:
+            values[v] = lv
+    for node in range(graph.node_count()):
+        ins = [values.get(v, NO_DERIVATIVE) if v is not None else NO_DERIVATIVE
+               for v in graph.node_inputs(node)]
+        if not any(i.reaches_output for i in ins):
+            continue
+        rule = rules.get(graph.op_name(node))
+        outputs = graph.node_outputs(node)
+        forward = getattr(rule, "forward", None) if rule is not None else None
+        if forward is None:
+            outs = [LIVE] * len(outputs)
+        else:
+            outs = forward(result, node, ins)
+        for v, lv in zip(outputs, outs):
+            if v is not None and lv.reaches_output and graph.carries_derivative(v):
+                values[v] = lv
+    return result

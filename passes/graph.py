@@ -29,6 +29,10 @@ class Graph(Protocol):
     def graph_outputs(self) -> Sequence[Value]:
         """The values the graph returns."""
 
+    def graph_inputs(self) -> Sequence[Value]:
+        """The values the graph receives (arguments, then constants); needed
+        only by the forward (tangent) analysis."""
+
     def carries_derivative(self, value: Hashable) -> bool:
         """Whether ``value`` has a floating or complex dtype (integers and
         booleans never carry a derivative and are never guarded)."""

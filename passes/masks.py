@@ -146,3 +146,68 @@ class MaskResolver:
             if mask is ALL:
                 break
         return mask
+
+
+OutputMasksFn = Callable[[int, List[Any]], List[Any]]
+
+
+class ForwardMaskResolver:
+    """Tangent masks: lanes whose tangent may be non-zero.
+
+    The mask of a value comes from its producer's rule applied to the masks of
+    the producer's inputs, so it walks towards the inputs -- again with an
+    explicit stack.  ``input_masks`` gives the masks of the graph's inputs.
+    """
+
+    def __init__(self, forward, algebra: MaskAlgebra, input_masks: Dict[Hashable, Any],
+                 output_masks: OutputMasksFn, producer: Callable[[Hashable], Any]):
+        self.forward = forward
+        self.graph = forward.graph
+        self.algebra = algebra
+        self.output_masks_fn = output_masks
+        self.producer = producer
+        self._masks: Dict[Hashable, Any] = dict(input_masks)
+        self._node_masks: Dict[int, List[Any]] = {}
+
+    def value_mask(self, value) -> Any:
+        if value is None:
+            return NONE
+        if value in self._masks:
+            return self._masks[value]
+        stack = [value]
+        while stack:
+            v = stack[-1]
+            if v in self._masks:
+                stack.pop()
+                continue
+            lv = self.forward.value_liveness(v)
+            if lv.level is Level.LIVE:
+                self._masks[v] = ALL
+                stack.pop()
+                continue
+            if lv.level is Level.DEAD:
+                self._masks[v] = NONE
+                stack.pop()
+                continue
+            prod = self.producer(v)
+            if prod is None:  # a graph input with no given mask: conservative
+                self._masks[v] = ALL
+                stack.pop()
+                continue
+            node, j = prod
+            missing = [u for u in self.graph.node_inputs(node)
+                       if u is not None and u not in self._masks]
+            if missing:
+                stack.extend(missing)
+                continue
+            self._masks[v] = self.node_output_masks(node)[j]
+            stack.pop()
+        return self._masks[value]
+
+    def node_output_masks(self, node: int) -> List[Any]:
+        masks = self._node_masks.get(node)
+        if masks is None:
+            ins = [self.value_mask(u) for u in self.graph.node_inputs(node)]
+            masks = self.output_masks_fn(node, ins)
+            self._node_masks[node] = masks
+        return masks

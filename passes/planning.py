@@ -48,3 +48,44 @@ def plan_guards(analysis: Analysis) -> Tuple[List[GuardSite], List[UnguardedSite
     sites.sort(key=lambda s: (s.node, s.index))
     unguarded = [UnguardedSite(u.node, u.reason, u.liveness) for u in analysis.unreached]
     return sites, unguarded
+
+
+@dataclass(frozen=True)
+class OutputGuardSite:
+    """Guard the *output* of ``node``: some lanes of its input tangents are
+    structurally zero and its derivative may multiply them by inf (forward mode)."""
+    node: int
+    index: int
+    liveness: Liveness
+
+    @property
+    def statically_dead(self) -> bool:
+        return self.liveness.level is Level.DEAD
+
+
+def plan_output_guards(backward: Analysis, forward) -> List[OutputGuardSite]:
+    """Output guards of one graph, from its backward and forward analyses.
+
+    Only outputs whose derivative is used at all (backward liveness reaches an
+    output) and whose tangent is not fully live are guarded, and only for
+    operations whose rule says their derivative may be non-finite.
+    """
+    graph = backward.graph
+    rules = backward.rules
+    sites: List[OutputGuardSite] = []
+    for node in range(graph.node_count()):
+        rule = rules.get(graph.op_name(node))
+        guards_output = getattr(rule, "guards_output", None) if rule is not None else None
+        if guards_output is None:
+            continue
+        for j, v in enumerate(graph.node_outputs(node)):
+            if v is None or not graph.carries_derivative(v):
+                continue
+            t = forward.value_liveness(v)
+            if t.level is Level.LIVE or not t.reaches_output:
+                continue
+            if not backward.value_liveness(v).reaches_output:
+                continue
+            if guards_output(backward, node, j):
+                sites.append(OutputGuardSite(node, j, t))
+    return sites

@@ -78,6 +78,9 @@ class JaxprGraph:
     def graph_outputs(self) -> List[Optional[Hashable]]:
         return [None if isinstance(v, Literal) else v for v in self.jaxpr.outvars]
 
+    def graph_inputs(self) -> List[Optional[Hashable]]:
+        return list(self.jaxpr.invars) + list(self.jaxpr.constvars)
+
     def carries_derivative(self, value) -> bool:
         return is_inexact_aval(value.aval)
 

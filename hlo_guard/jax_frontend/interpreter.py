@@ -28,9 +28,10 @@ from jax import lax
 from jax._src import source_info_util
 from jax._src.core import eval_jaxpr
 
-from passes.analysis import Analysis
-from passes.masks import ALL, NONE, MaskResolver
-from passes.planning import GuardSite, plan_guards
+from passes.analysis import Analysis, analyze_forward
+from passes.lattice import LIVE
+from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver
+from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
 
 from hlo_guard.jax_frontend.graph import DropVar, Literal, is_inexact_aval
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
@@ -80,11 +81,34 @@ def sites_by_node(analysis: Analysis) -> Dict[int, List[GuardSite]]:
     return cached
 
 
+def forward_of(analysis: Analysis):
+    """Tangent liveness of a graph evaluated with guards: its inputs (and
+    constants, which may be tracers closed over from an outer transformation)
+    count as fully live."""
+    fa = analysis.notes.get("_forward")
+    if fa is None:
+        graph = analysis.graph
+        n_in = len(graph.jaxpr.invars) + len(graph.jaxpr.constvars)
+        fa = analyze_forward(graph, RULES, [LIVE] * n_in)
+        analysis.notes["_forward"] = fa
+    return fa
+
+
+def output_sites_by_node(analysis: Analysis) -> Dict[int, List[OutputGuardSite]]:
+    cached = analysis.notes.get("_out_sites")
+    if cached is None:
+        cached = {}
+        for s in plan_output_guards(analysis, forward_of(analysis)):
+            cached.setdefault(s.node, []).append(s)
+        analysis.notes["_out_sites"] = cached
+    return cached
+
+
 def needs_rewrite(analysis: Analysis) -> bool:
     """Whether evaluating this graph differs from binding it as it is."""
     cached = analysis.notes.get("_needs_rewrite")
     if cached is None:
-        cached = bool(sites_by_node(analysis))
+        cached = bool(sites_by_node(analysis)) or bool(output_sites_by_node(analysis))
         if not cached:
             eqns = analysis.graph.eqns
             for (node, _), sub in analysis.subs.items():
@@ -104,10 +128,14 @@ class Scope:
 
     def __init__(self, analysis: Analysis, consts: Sequence[Any], args: Sequence[Any],
                  out_masks: Sequence[Any], parent: Optional["Scope"] = None,
-                 parent_inputs: Optional[Dict[Any, Any]] = None):
+                 parent_inputs: Optional[Dict[Any, Any]] = None,
+                 forward=None, in_tmasks: Optional[Sequence[Any]] = None):
         self.analysis = analysis
         self.graph = analysis.graph
         self.jaxpr = self.graph.jaxpr
+        self.forward = forward
+        self._in_tmasks = in_tmasks
+        self._fresolver: Optional[ForwardMaskResolver] = None
         self.env: Dict[Any, Any] = {}
         self.shadow: Dict[Any, Any] = {}
         self.parent = parent
@@ -174,6 +202,59 @@ class Scope:
         rule = RULES.get(eqn.primitive.name)
         return rule.input_masks(self, node, eqn, out_masks)
 
+    def tangent_mask(self, var):
+        if isinstance(var, Literal):
+            return NONE
+        if self._fresolver is None:
+            fa = self.forward if self.forward is not None else forward_of(self.analysis)
+            inputs = list(self.jaxpr.invars) + list(self.jaxpr.constvars)
+            given = list(self._in_tmasks) if self._in_tmasks is not None else []
+            given += [ALL] * (len(inputs) - len(given))
+            self._fresolver = ForwardMaskResolver(
+                fa, ALGEBRA, dict(zip(inputs, given)), self._output_tmasks,
+                self.graph.producer)
+        return self._fresolver.value_mask(var)
+
+    def _output_tmasks(self, node, in_masks):
+        eqn = self.graph.eqns[node]
+        rule = RULES.get(eqn.primitive.name)
+        if rule is None:
+            return [ALL] * len(eqn.outvars)
+        return rule.forward_masks(self, node, eqn, in_masks)
+
+    def child_forward(self, node: int, k: int, in_masks) -> "Scope":
+        """A mask-only scope over call ``node``'s body for tangent masks."""
+        key = ("fwd", node, k, tuple(id(m) for m in in_masks))
+        child = self.children.get(key)
+        if child is None:
+            eqn = self.graph.eqns[node]
+            body, consts = body_of(eqn)
+            fa = self.forward if self.forward is not None else forward_of(self.analysis)
+            sub_fa = fa.subs[(node, k)]
+            sub = self.analysis.subs.get((node, k))
+            if sub is None:
+                from passes.analysis import analyze
+                sub = analyze(sub_fa.graph, RULES, [LIVE] * len(body.outvars))
+            child = Scope(sub, consts, [], [ALL] * len(body.outvars), parent=self,
+                          parent_inputs=dict(zip(body.invars, eqn.invars)),
+                          forward=sub_fa, in_tmasks=list(in_masks))
+            self.children[key] = child
+        return child
+
+    def guard_output(self, node: int, site: OutputGuardSite, y):
+        if site.statically_dead:
+            return lax.stop_gradient(y)
+        try:
+            mask = self.tangent_mask(self.graph.eqns[node].outvars[site.index])
+        except ShadowUnavailable as exc:
+            self.skipped.append((node, ("output", site.index), str(exc)))
+            return y
+        if mask is ALL:
+            return y
+        if mask is NONE:
+            return lax.stop_gradient(y)
+        return lax.select(to_guard_mask(mask, np.shape(y)), y, lax.stop_gradient(y))
+
     def child_masks(self, node: int, k: int, out_masks) -> "Scope":
         """A mask-only scope over the body of call ``node``, reading its inputs
         from this scope's values (used to push masks through a call)."""
@@ -206,6 +287,7 @@ class Scope:
 
     def run(self) -> List[Any]:
         sites = sites_by_node(self.analysis)
+        out_sites = output_sites_by_node(self.analysis)
         env = self.env
         for node, eqn in enumerate(self.graph.eqns):
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
@@ -213,9 +295,12 @@ class Scope:
                 for site in sites.get(node, ()):
                     invals[site.index] = self.guard(node, site, invals[site.index])
                 outs = self._bind(node, eqn, invals)
-            for ov, o in zip(eqn.outvars, outs):
-                if not isinstance(ov, DropVar):
-                    env[ov] = o
+                for ov, o in zip(eqn.outvars, outs):
+                    if not isinstance(ov, DropVar):
+                        env[ov] = o
+                for site in out_sites.get(node, ()):
+                    ov = eqn.outvars[site.index]
+                    env[ov] = self.guard_output(node, site, env[ov])
         return [v.val if isinstance(v, Literal) else env[v] for v in self.jaxpr.outvars]
 
     def output_masks_for(self, node: int, sub: Analysis):

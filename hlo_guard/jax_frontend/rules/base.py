@@ -30,6 +30,20 @@ class JaxRule(Rule):
     def input_masks(self, mctx, node: int, eqn, out_masks: List[Any]) -> List[Any]:
         raise NotImplementedError(type(self).__name__)
 
+    # -- forward (tangent) half ---------------------------------------------------
+    def guards_output(self, analysis, node, index) -> bool:
+        """Guard this output when its input tangents are partly structurally
+        zero: the same operations whose derivative may be non-finite."""
+        return self.guards
+
+    def forward(self, fa, node, ins: Sequence[Liveness]) -> List[Liveness]:
+        """Tangent liveness of the outputs; by default fully live (conservative)."""
+        eqn = fa.graph.eqns[node]
+        return [LIVE] * len(eqn.outvars)
+
+    def forward_masks(self, mctx, node: int, eqn, in_masks: List[Any]) -> List[Any]:
+        return [ALL] * len(eqn.outvars)
+
 
 def joined(outs: Sequence[Liveness]) -> Liveness:
     return join_all(outs)
@@ -65,3 +79,23 @@ def dropping(analysis, node, out: Liveness) -> Liveness:
     if out.is_dead:
         return out
     return partial_by(analysis.graph.origin(node), out)
+
+
+def forward_join(fa, node, ins) -> List[Liveness]:
+    """OR over inputs: a lane's tangent may be non-zero if any input's may."""
+    eqn = fa.graph.eqns[node]
+    return [join_all(ins)] * len(eqn.outvars)
+
+
+def forward_placed(fa, node, ins) -> List[Liveness]:
+    """Inputs placed side by side (concatenate, pad, select): the output is
+    fully live only if every floating input (literals included) is."""
+    eqn = fa.graph.eqns[node]
+    floats = [lv for v, lv in zip(eqn.invars, ins) if is_inexact_aval(v.aval)]
+    if floats and all(lv.is_live for lv in floats):
+        out = LIVE
+    elif not any(lv.reaches_output for lv in floats):
+        out = NO_DERIVATIVE
+    else:
+        out = partial_by(fa.graph.origin(node))
+    return [out] * len(eqn.outvars)

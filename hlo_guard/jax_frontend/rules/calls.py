@@ -17,8 +17,34 @@ from __future__ import annotations
 
 from passes.lattice import LIVE, NO_DERIVATIVE
 
-from hlo_guard.jax_frontend.graph import JaxprGraph
+from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
 from hlo_guard.jax_frontend.rules.base import JaxRule, joined
+
+_RISKY_CACHE = {}
+
+
+def body_is_risky(jaxpr) -> bool:
+    """Whether a body holds an operation whose derivative may be non-finite
+    (or one we know nothing about): only then are a call's outputs guarded."""
+    key = id(jaxpr)
+    hit = _RISKY_CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    from hlo_guard.jax_frontend.rules import RULES
+    risky = False
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        rule = RULES.get(name)
+        if rule is None or getattr(rule, "guards", False):
+            risky = True
+        elif name in CALL_BODY_PARAM:
+            risky = body_is_risky(body_of(eqn)[0])
+        elif name in ("cond", "while", "scan"):
+            risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
+        if risky:
+            break
+    _RISKY_CACHE[key] = (jaxpr, risky)
+    return risky
 
 
 def open_jaxpr(obj):
@@ -90,6 +116,24 @@ class Call(JaxRule):
         child = mctx.child_masks(node, 0, out_masks)
         return LazyMasks(lambda i: child.resolver.value_mask(body.invars[i]), len(body.invars))
 
+    # forward: the body's tangent liveness given the inputs'; the call's outputs
+    # are guarded (outside the body) when the body holds a risky operation.
+    def forward(self, fa, node, ins):
+        eqn = fa.graph.eqns[node]
+        body, _ = body_of(eqn)
+        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn))
+        sub = fa.analyze_sub(node, 0, graph, list(ins) + [LIVE] * len(body.constvars))
+        return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE
+                for v in body.outvars]
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        body, _ = body_of(eqn)
+        child = mctx.child_forward(node, 0, in_masks)
+        return LazyMasks(lambda j: child.tangent_mask(body.outvars[j]), len(body.outvars))
+
+    def guards_output(self, analysis, node, index):
+        return self.guards or body_is_risky(body_of(analysis.graph.eqns[node])[0])
+
 
 class ControlFlow(JaxRule):
     """Bodies analysed (and later guarded) with fully live boundaries."""
@@ -110,6 +154,9 @@ class ControlFlow(JaxRule):
     def input_masks(self, mctx, node, eqn, out_masks):
         from passes.masks import ALL
         return [ALL] * len(eqn.invars)
+
+    def guards_output(self, analysis, node, index):
+        return False
 
 
 def control_bodies(eqn):

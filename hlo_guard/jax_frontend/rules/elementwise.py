@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from passes.lattice import NO_DERIVATIVE
 
-from hlo_guard.jax_frontend.mask_ops import reduce_to_shape
-from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, or_all,
-                                                same_as_output)
+from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
+from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, forward_join,
+                                                or_all, same_as_output)
 
 
 class Elementwise(JaxRule):
@@ -34,6 +34,14 @@ class Elementwise(JaxRule):
         out_shape = aval_shape(eqn.outvars[0])
         return [reduce_to_shape(out, out_shape, aval_shape(v)) for v in eqn.invars]
 
+    def forward(self, fa, node, ins):
+        return forward_join(fa, node, ins)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        shape = aval_shape(eqn.outvars[0])
+        m = or_all(broadcast_to(m, shape) for m in in_masks)
+        return [m] * len(eqn.outvars)
+
 
 class ZeroDerivative(JaxRule):
     """Comparisons, rounding, sign, ``stop_gradient``, argmax ...: JAX gives
@@ -46,6 +54,13 @@ class ZeroDerivative(JaxRule):
     def input_masks(self, mctx, node, eqn, out_masks):
         from passes.masks import NONE
         return [NONE] * len(eqn.invars)
+
+    def forward(self, fa, node, ins):
+        return [NO_DERIVATIVE] * len(fa.graph.eqns[node].outvars)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        from passes.masks import NONE
+        return [NONE] * len(eqn.outvars)
 
 
 # Derivative is a finite constant: a zero cotangent stays exactly zero.

@@ -26,7 +26,13 @@ from hlo_guard.jax_frontend.graph import is_literal
 from hlo_guard.jax_frontend.mask_ops import (and_, broadcast_to, normalize,
                                               reduce_to_shape, xp)
 from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, dropping,
-                                                joined, or_all)
+                                                forward_placed, joined, or_all)
+
+
+def _chosen_forward(chosen_masks, in_masks, shape):
+    """OR over operands of (operand chosen) AND (operand's tangent live)."""
+    return or_all(and_(normalize(broadcast_to(c, shape)), broadcast_to(m, shape), shape)
+                  for c, m in zip(chosen_masks, in_masks))
 
 
 class SelectN(JaxRule):
@@ -64,11 +70,37 @@ class SelectN(JaxRule):
             masks.append(and_(out, chosen, shape))
         return masks
 
+    def _chosen(self, mctx, eqn):
+        shape = aval_shape(eqn.outvars[0])
+        p = mctx.value(eqn.invars[0])
+        m = xp(p)
+        chosen = []
+        for k in range(len(eqn.invars) - 1):
+            if np.dtype(eqn.invars[0].aval.dtype) == np.bool_:
+                chosen.append(p if k == 1 else m.logical_not(p))
+            else:
+                chosen.append(m.equal(p, k))
+        return chosen, shape
+
+    def forward(self, fa, node, ins):
+        eqn = fa.graph.eqns[node]
+        pred = eqn.invars[0]
+        if is_literal(pred) and np.ndim(pred.val) == 0:
+            return [ins[1 + int(pred.val)]]
+        return forward_placed(fa, node, [NO_DERIVATIVE] + list(ins[1:]))
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        chosen, shape = self._chosen(mctx, eqn)
+        return [_chosen_forward(chosen, in_masks[1:], shape)]
+
 
 class MaxMin(JaxRule):
     """``max``/``min``: live where the operand equals the result (ties: both)."""
     kind = "selection"
     guards = True
+
+    def guards_output(self, analysis, node, index):
+        return False  # its inputs are guarded; the tangent it multiplies is already 0
 
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
@@ -85,6 +117,18 @@ class MaxMin(JaxRule):
             chosen = normalize(broadcast_to(xp(x, ans).equal(x, ans), shape))
             masks.append(reduce_to_shape(and_(out, chosen, shape), shape, aval_shape(v)))
         return masks
+
+    def forward(self, fa, node, ins):
+        return forward_placed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        shape = aval_shape(eqn.outvars[0])
+        ans = mctx.value(eqn.outvars[0])
+        chosen = []
+        for v in eqn.invars:
+            x = mctx.value(v)
+            chosen.append(xp(x, ans).equal(x, ans))
+        return [_chosen_forward(chosen, in_masks, shape)]
 
 
 class Clamp(JaxRule):
@@ -108,11 +152,28 @@ class Clamp(JaxRule):
                                 shape, aval_shape(v))
                 for c, v in zip(chosen, eqn.invars)]
 
+    def forward(self, fa, node, ins):
+        return forward_placed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        shape = aval_shape(eqn.outvars[0])
+        lo, x, hi = (mctx.value(v) for v in eqn.invars)
+        m = xp(lo, x, hi)
+        chosen = [
+            m.logical_and(m.greater(lo, x), m.less(lo, hi)),
+            m.logical_and(m.greater(x, lo), m.less(x, hi)),
+            m.less(hi, x),
+        ]
+        return [_chosen_forward(chosen, in_masks, shape)]
+
 
 class ReduceChooser(JaxRule):
     """``reduce_max``/``reduce_min``: live where the element equals the result."""
     kind = "selection"
     guards = True
+
+    def guards_output(self, analysis, node, index):
+        return False
 
     def transfer(self, analysis, node, outs):
         return [dropping(analysis, node, joined(outs))]
@@ -129,6 +190,23 @@ class ReduceChooser(JaxRule):
         if out is not ALL and out is not NONE:
             out = normalize(xp(out).broadcast_to(xp(out).reshape(out, keep), in_shape))
         return [and_(out, chosen, in_shape)]
+
+    def forward(self, fa, node, ins):
+        return [ins[0] if ins[0].is_live or not ins[0].reaches_output
+                else partial_by(fa.graph.origin(node), ins[0])]
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        tin = in_masks[0]
+        if tin is ALL or tin is NONE:
+            return [tin]
+        axes = tuple(eqn.params["axes"])
+        in_shape = aval_shape(eqn.invars[0])
+        keep = tuple(1 if d in axes else s for d, s in enumerate(in_shape))
+        x = mctx.value(eqn.invars[0])
+        ans = mctx.value(eqn.outvars[0])
+        m = xp(x, ans, tin)
+        chosen_live = m.logical_and(m.equal(x, m.reshape(ans, keep)), tin)
+        return [normalize(m.any(chosen_live, axis=axes))]
 
 
 def register(table):

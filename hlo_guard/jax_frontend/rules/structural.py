@@ -28,7 +28,8 @@ from passes.masks import ALL, NONE
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.mask_ops import is_static, materialize, normalize
 from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, diff_indices,
-                                                dropping, joined)
+                                                dropping, forward_join, forward_placed,
+                                                joined)
 
 
 def _never(eqn, i):
@@ -74,6 +75,15 @@ class Structural(JaxRule):
     def input_masks(self, mctx, node, eqn, out_masks):
         return transpose_masks(mctx, eqn, out_masks, value_dependent=self.value_dependent,
                                bilinear=self.bilinear, seed=self.seed)
+
+    def forward(self, fa, node, ins):
+        if self.bilinear:
+            return forward_join(fa, node, ins)
+        return forward_placed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        return tangent_masks(mctx, eqn, in_masks, value_dependent=self.value_dependent,
+                             bilinear=self.bilinear, seed=self.seed)
 
 
 def _float_seed(mask, aval):
@@ -140,6 +150,62 @@ def transpose_masks(mctx, eqn, out_masks, *, value_dependent=False, bilinear=Fal
     return [found.get(i, NONE) for i in range(n)]
 
 
+def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False,
+                  seed=None) -> List:
+    """Forward counterpart of :func:`transpose_masks`: JAX's own JVP of the
+    operation applied to the float input masks; non-zero = may be non-zero."""
+    diff = diff_indices(eqn)
+    n_out = len(eqn.outvars)
+    masks = {i: in_masks[i] for i in diff}
+    if not diff or all(masks[i] is NONE for i in diff):
+        return [NONE] * n_out
+    if all(masks[i] is ALL for i in diff) and not bilinear:
+        pass  # still computed: placed literals may leave lanes dead
+    vals = []
+    for i, v in enumerate(eqn.invars):
+        if i in diff and not value_dependent:
+            vals.append(np.zeros(aval_shape(v), dtype=v.aval.dtype))
+        else:
+            vals.append(mctx.value(v))
+    tans = {i: _float_seed(masks[i], eqn.invars[i].aval) for i in diff}
+    static = all(is_static(x) for x in vals) and all(is_static(t) for t in tans.values())
+    prim, params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
+
+    def push(groups):
+        total = None
+        for group in groups:
+            def f(*d, group=group):
+                args = list(vals)
+                for k, i in enumerate(group):
+                    args[i] = d[k]
+                if bilinear:
+                    for j in diff:
+                        if j not in group:
+                            args[j] = np.ones(aval_shape(eqn.invars[j]),
+                                              dtype=eqn.invars[j].aval.dtype)
+                out = prim.bind(*args, **params)
+                return list(out) if prim.multiple_results else [out]
+            primals = [vals[i] if value_dependent else
+                       np.zeros(aval_shape(eqn.invars[i]), dtype=eqn.invars[i].aval.dtype)
+                       for i in group]
+            if not static:
+                primals = [jax.lax.stop_gradient(p) for p in primals]
+            _, outs = jax.jvp(f, primals, [tans[i] for i in group])
+            live = [o != 0 if hasattr(o, "dtype") and o.dtype != jax.dtypes.float0 else None
+                    for o in outs]
+            total = live if total is None else [
+                a if b is None else (b if a is None else (a | b)) for a, b in zip(total, live)]
+        return total
+
+    groups = [[i] for i in diff] if bilinear else [diff]
+    if static:
+        with jax.ensure_compile_time_eval():
+            found = push(groups)
+        return [NONE if m is None else normalize(np.asarray(m)) for m in found]
+    found = push(groups)
+    return [NONE if m is None else normalize(m) for m in found]
+
+
 class MixingLinear(JaxRule):
     """Linear maps with finite, mixed-sign coefficients (FFT): a zero cotangent
     stays zero, every input lane may be live.  No guard, no mask."""
@@ -152,6 +218,13 @@ class MixingLinear(JaxRule):
 
     def input_masks(self, mctx, node, eqn, out_masks):
         return [ALL] * len(eqn.invars)
+
+    def forward(self, fa, node, ins):
+        return forward_join(fa, node, ins)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        live = any(m is not NONE for m in in_masks)
+        return [ALL if live else NONE] * len(eqn.outvars)
 
 
 class Conservative(JaxRule):
