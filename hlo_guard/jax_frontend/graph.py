@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, Hashable, List, Optional, Tuple
 
+import jax
 import numpy as np
 from jax.extend import core as jex_core
 
@@ -24,8 +25,9 @@ def is_inexact_aval(aval) -> bool:
     if dtype is None:
         return False
     try:
-        return bool(np.issubdtype(dtype, np.inexact))
-    except TypeError:  # extended dtypes (PRNG keys) and float0
+        # jax.dtypes knows bfloat16 and the float8 types (numpy does not)
+        return bool(jax.dtypes.issubdtype(dtype, np.inexact)) and dtype != jax.dtypes.float0
+    except TypeError:  # extended dtypes (PRNG keys)
         return False
 
 

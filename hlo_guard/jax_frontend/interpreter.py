@@ -62,8 +62,9 @@ def bind_eqn(eqn, invals):
 
 
 def stop_if_inexact(x):
-    dtype = getattr(x, "dtype", None)
-    if dtype is not None and is_inexact_aval(x):
+    """Side computations feed masks only: cut them from every derivative.
+    Constants (non-tracers) carry no derivative and are left alone."""
+    if isinstance(x, jax.core.Tracer) and is_inexact_aval(x):
         return lax.stop_gradient(x)
     return x
 
@@ -188,13 +189,21 @@ class Scope:
                 raise ShadowUnavailable(
                     f"the mask needs the result of effectful '{eqn.primitive.name}', "
                     "which must run exactly once")
-            invals = [stop_if_inexact(self.value(v)) for v in eqn.invars]
+            invals = [self._side_input(v) for v in eqn.invars]
             with eqn_context(eqn):
                 outs = bind_eqn(eqn, invals)
             for ov, o in zip(eqn.outvars, outs):
                 if not isinstance(ov, DropVar):
                     self.shadow[ov] = o
             stack.pop()
+
+    def _side_input(self, atom):
+        """Side values are already gradient-free; guarded ones get cut here."""
+        if isinstance(atom, Literal):
+            return atom.val
+        if atom in self.shadow:
+            return self.shadow[atom]
+        return stop_if_inexact(self.value(atom))
 
     # -- masks -------------------------------------------------------------------
     def _input_masks(self, node, out_masks):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from passes.masks import ALL, NONE, MaskAlgebra
@@ -26,8 +26,85 @@ def is_static(x) -> bool:
 
 
 def xp(*arrays):
-    """numpy if every operand is static, else jax.numpy."""
-    return np if all(is_static(a) for a in arrays) else jnp
+    """numpy if every operand is static, else :data:`lax_ops`."""
+    return np if all(is_static(a) for a in arrays) else lax_ops
+
+
+class _LaxOps:
+    """The few numpy-style operations masks need, bound straight to lax
+    primitives.  ``jax.numpy`` would do, but each of its functions is a jitted
+    wrapper whose dispatch costs more than the mask itself at trace time."""
+
+    @staticmethod
+    def _pair(a, b):
+        a = a if isinstance(a, jax.core.Tracer) else np.asarray(a)
+        b = b if isinstance(b, jax.core.Tracer) else np.asarray(b)
+        if a.dtype != b.dtype:
+            if isinstance(b, np.ndarray):
+                b = b.astype(a.dtype)
+            elif isinstance(a, np.ndarray):
+                a = a.astype(b.dtype)
+            else:
+                b = lax.convert_element_type(b, a.dtype)
+        sa, sb = np.shape(a), np.shape(b)
+        if sa != sb and len(sa) and len(sb):
+            shape = np.broadcast_shapes(sa, sb)
+            a, b = _LaxOps.broadcast_to(a, shape), _LaxOps.broadcast_to(b, shape)
+        return a, b
+
+    @staticmethod
+    def logical_and(a, b):
+        return lax.bitwise_and(*_LaxOps._pair(a, b))
+
+    @staticmethod
+    def logical_or(a, b):
+        return lax.bitwise_or(*_LaxOps._pair(a, b))
+
+    @staticmethod
+    def logical_not(a):
+        return lax.bitwise_not(a)
+
+    @staticmethod
+    def equal(a, b):
+        return lax.eq(*_LaxOps._pair(a, b))
+
+    @staticmethod
+    def greater(a, b):
+        return lax.gt(*_LaxOps._pair(a, b))
+
+    @staticmethod
+    def less(a, b):
+        return lax.lt(*_LaxOps._pair(a, b))
+
+    @staticmethod
+    def any(a, axis=None, keepdims=False):
+        shape = np.shape(a)
+        axes = tuple(range(len(shape))) if axis is None else \
+            tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        out = lax.reduce_or(a, axes) if axes else a
+        if keepdims:
+            out = lax.reshape(out, tuple(1 if d in axes else n for d, n in enumerate(shape)))
+        return out
+
+    @staticmethod
+    def reshape(a, shape):
+        shape = tuple(shape)
+        return a if np.shape(a) == shape else lax.reshape(a, shape)
+
+    @staticmethod
+    def broadcast_to(a, shape):
+        shape = tuple(shape)
+        sa = np.shape(a)
+        if sa == shape:
+            return a
+        offset = len(shape) - len(sa)
+        keep = [d for d, n in enumerate(sa) if n == shape[offset + d]]
+        if len(keep) != len(sa):  # size-1 dims broadcast: drop them first
+            a = lax.reshape(a, tuple(sa[d] for d in keep))
+        return lax.broadcast_in_dim(a, shape, tuple(offset + d for d in keep))
+
+
+lax_ops = _LaxOps()
 
 
 def materialize(mask, shape) -> Any:

@@ -99,3 +99,25 @@ def forward_placed(fa, node, ins) -> List[Liveness]:
     else:
         out = partial_by(fa.graph.origin(node))
     return [out] * len(eqn.outvars)
+
+
+class LazyMasks:
+    """Masks of a node's inputs (or outputs), each computed only when a guard
+    asks for it: ``jnp.where`` and friends pass literals and constant branches
+    nobody needs a mask for, and every unused mask would be a traced op."""
+
+    def __init__(self, compute, n):
+        self._compute = compute
+        self._n = n
+        self._done = {}
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if i not in self._done:
+            self._done[i] = self._compute(i)
+        return self._done[i]
+
+    def __iter__(self):
+        return (self[i] for i in range(self._n))

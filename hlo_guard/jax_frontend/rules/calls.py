@@ -18,7 +18,7 @@ from __future__ import annotations
 from passes.lattice import LIVE, NO_DERIVATIVE
 
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
-from hlo_guard.jax_frontend.rules.base import JaxRule, joined
+from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined
 
 _RISKY_CACHE = {}
 
@@ -78,24 +78,6 @@ def scope_name(parent_scope: str, eqn) -> str:
     name = eqn.params.get("name")
     label = f"{eqn.primitive.name}({name})" if name else eqn.primitive.name
     return f"{parent_scope}/{label}" if parent_scope else label
-
-
-class LazyMasks:
-    """Masks of a call's inputs, each computed only when a guard asks for it
-    (``jnp.where`` passes literals that nobody needs a mask for)."""
-
-    def __init__(self, compute, n):
-        self._compute = compute
-        self._n = n
-        self._done = {}
-
-    def __len__(self):
-        return self._n
-
-    def __getitem__(self, i):
-        if i not in self._done:
-            self._done[i] = self._compute(i)
-        return self._done[i]
 
 
 class Call(JaxRule):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from passes.lattice import NO_DERIVATIVE
 
 from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
-from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, forward_join,
+from hlo_guard.jax_frontend.rules.base import (JaxRule, LazyMasks, aval_shape, forward_join,
                                                 or_all, same_as_output)
 
 
@@ -32,7 +32,8 @@ class Elementwise(JaxRule):
     def input_masks(self, mctx, node, eqn, out_masks):
         out = or_all(out_masks)
         out_shape = aval_shape(eqn.outvars[0])
-        return [reduce_to_shape(out, out_shape, aval_shape(v)) for v in eqn.invars]
+        return LazyMasks(lambda i: reduce_to_shape(out, out_shape, aval_shape(eqn.invars[i])),
+                         len(eqn.invars))
 
     def forward(self, fa, node, ins):
         return forward_join(fa, node, ins)

@@ -26,7 +26,7 @@ from hlo_guard.jax_frontend.graph import is_literal
 from hlo_guard.jax_frontend.mask_ops import (and_, broadcast_to, normalize,
                                               reduce_to_shape, xp)
 from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, dropping,
-                                                forward_placed, joined, or_all)
+                                                LazyMasks, forward_placed, joined, or_all)
 
 
 def _chosen_forward(chosen_masks, in_masks, shape):
@@ -58,17 +58,19 @@ class SelectN(JaxRule):
     def input_masks(self, mctx, node, eqn, out_masks):
         out = out_masks[0]
         shape = aval_shape(eqn.outvars[0])
-        p = mctx.value(eqn.invars[0])
-        m = xp(p)
-        masks = [NONE]
-        for k in range(len(eqn.invars) - 1):
+
+        def case_mask(i):
+            if i == 0:
+                return NONE
+            k = i - 1
+            p = mctx.value(eqn.invars[0])
+            m = xp(p)
             if np.dtype(eqn.invars[0].aval.dtype) == np.bool_:
                 chosen = p if k == 1 else m.logical_not(p)
             else:
                 chosen = m.equal(p, k)
-            chosen = normalize(broadcast_to(chosen, shape))
-            masks.append(and_(out, chosen, shape))
-        return masks
+            return and_(out, normalize(broadcast_to(chosen, shape)), shape)
+        return LazyMasks(case_mask, len(eqn.invars))
 
     def _chosen(self, mctx, eqn):
         shape = aval_shape(eqn.outvars[0])
