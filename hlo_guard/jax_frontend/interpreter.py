@@ -316,8 +316,9 @@ class Scope:
         """Masks of call ``node``'s outputs to pass into its guarded body."""
         eqn = self.graph.eqns[node]
         passed, fixed = [], []
+        n_carry = eqn.params.get("num_carry", 0) if eqn.primitive.name == "scan" else 0
         for j, lv in enumerate(sub.out_liveness):
-            if lv.is_partial:
+            if lv.is_partial and j >= n_carry:
                 ov = eqn.outvars[j]
                 try:
                     m = self.resolver.value_mask(None if isinstance(ov, DropVar) else ov)
@@ -395,12 +396,13 @@ def _run_body(sub, consts):
 
 def _bind_cond(scope: Scope, node, eqn, invals):
     branches = eqn.params["branches"]
+    index, *ops = invals
+    passed, fixed = scope.output_masks_for(node, scope.analysis.subs[(node, 0)])
     fns = []
     for k, br in enumerate(branches):
         body, consts = open_jaxpr(br)
-        fns.append(_run_body(scope.analysis.subs[(node, k)], consts))
-    index, *ops = invals
-    return list(lax.switch(index, fns, *ops))
+        fns.append(_guarded_body(scope.analysis.subs[(node, k)], consts, len(ops), fixed))
+    return list(lax.switch(index, fns, *ops, *passed))
 
 
 def _bind_while(scope: Scope, node, eqn, invals):
@@ -427,12 +429,16 @@ def _bind_scan(scope: Scope, node, eqn, invals):
     consts, init, xs = invals[:nconsts], invals[nconsts:nconsts + ncarry], \
         invals[nconsts + ncarry:]
     sub = scope.analysis.subs[(node, 0)]
+    passed, fixed = scope.output_masks_for(node, sub)  # masks of the stacked ys
 
-    def body(carry, x):
-        outs = run_guarded(sub, body_consts, [*consts, *carry, *x])
+    def body(carry, x_and_masks):
+        x, masks = x_and_masks
+        masks = iter(masks)
+        out_masks = [next(masks) if f is None else f for f in fixed]
+        outs = run_guarded(sub, body_consts, [*consts, *carry, *x], out_masks)
         return outs[:ncarry], outs[ncarry:]
 
-    carry, ys = lax.scan(body, list(init), list(xs), length=p["length"],
+    carry, ys = lax.scan(body, list(init), (list(xs), list(passed)), length=p["length"],
                          reverse=p["reverse"], unroll=p["unroll"])
     return list(carry) + list(ys)
 

@@ -118,19 +118,50 @@ class Call(JaxRule):
 
 
 class ControlFlow(JaxRule):
-    """Bodies analysed (and later guarded) with fully live boundaries."""
+    """Bodies analysed and guarded inside; what crosses the boundary is kept
+    simple.
+
+    * ``cond``: each branch is analysed with the liveness of the cond's
+      outputs, and the outputs' masks are passed into the branches, so a
+      ``where`` *after* the cond guards the operations *inside* it.
+    * ``scan``: carries are fully live; the stacked outputs ``ys`` keep their
+      liveness, and their masks are passed in as extra ``xs``, one slice per
+      iteration.
+    * ``while``: fully live boundary.
+
+    Operands always come out fully live: dead lanes found inside a body are
+    not followed back out to operations before the loop or branch (reported).
+    """
     kind = "control-flow"
 
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         out = joined(outs)
+        name = eqn.primitive.name
+        noted = False
         for k, (body, _) in enumerate(control_bodies(eqn)):
             graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]")
-            analysis.analyze_sub(node, k, graph, [LIVE] * len(body.outvars))
-        if out.reaches_output and not out.is_live:
+            if name == "cond":
+                body_outs = list(outs)
+            elif name == "scan":
+                ncarry = eqn.params["num_carry"]
+                body_outs = [LIVE] * ncarry + list(outs[ncarry:])
+            else:
+                body_outs = [LIVE] * len(body.outvars)
+            sub = analysis.analyze_sub(node, k, graph, body_outs)
+            dead_inside = [sub.value_liveness(v) for v in body.invars
+                           if not sub.value_liveness(v).is_live
+                           and sub.value_liveness(v).reaches_output]
+            if dead_inside and not noted:
+                noted = True
+                analysis.note_unreached(
+                    node, f"{name} operands: lanes dead inside the body are guarded there, "
+                          "but not followed back to operations before the "
+                          f"{name}", dead_inside[0])
+        if name == "while" and out.reaches_output and not out.is_live:
             analysis.note_unreached(
-                node, f"{eqn.primitive.name} boundary: dead lanes of its outputs are not "
-                      "followed into its body (inputs kept fully live)", out)
+                node, "while boundary: dead lanes of its outputs are not followed into "
+                      "its body (inputs kept fully live)", out)
         return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
 
     def input_masks(self, mctx, node, eqn, out_masks):
