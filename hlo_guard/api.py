@@ -45,7 +45,11 @@ class GuardedFunction:
         program = self._cache.get(key)
         if program is None:
             program = trace(self.fn, avals, treedef, static, len(args))
-            self._cache[key] = program
+            # A function that closes over a tracer of an enclosing transformation
+            # (guard inside jax.grad of something else) bakes that tracer into the
+            # jaxpr's constants: such a trace is valid for this call only.
+            if not any(isinstance(c, jax.core.Tracer) for c in program.closed_jaxpr.consts):
+                self._cache[key] = program
         return program, leaves
 
     def __call__(self, *args, **kwargs):
