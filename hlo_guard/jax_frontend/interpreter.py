@@ -114,7 +114,7 @@ def needs_rewrite(analysis: Analysis) -> bool:
             eqns = analysis.graph.eqns
             for (node, _), sub in analysis.subs.items():
                 name = eqns[node].primitive.name
-                if (name in REWRITTEN_CALLS or name in ("cond", "while", "scan")) \
+                if (name in REWRITTEN_CALLS or name in ("cond", "while", "scan", "shard_map")) \
                         and needs_rewrite(sub):
                     cached = True
                     break
@@ -443,10 +443,25 @@ def _bind_scan(scope: Scope, node, eqn, invals):
     return list(carry) + list(ys)
 
 
+def _bind_shard_map(scope: Scope, node, eqn, invals):
+    p = eqn.params
+    body, consts = open_jaxpr(p["jaxpr"])
+    sub = scope.analysis.subs[(node, 0)]
+
+    def fn(*args):
+        return tuple(run_guarded(sub, consts, args))
+
+    mapped = jax.shard_map(fn, mesh=p["mesh"], in_specs=tuple(p["in_specs"]),
+                           out_specs=tuple(p["out_specs"]), check_vma=p.get("check_vma", True),
+                           axis_names=set(p.get("newly_manual_axes", ())) or None)
+    return list(mapped(*invals))
+
+
 BINDERS = {
     "jit": _bind_call, "pjit": _bind_call, "closed_call": _bind_call,
     "core_call": _bind_call, "remat2": _bind_call, "checkpoint": _bind_call,
     "cond": _bind_cond, "while": _bind_while, "scan": _bind_scan,
+    "shard_map": _bind_shard_map,
 }
 
 

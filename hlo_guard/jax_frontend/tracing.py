@@ -131,9 +131,28 @@ def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     leaves = [leaf for _, leaf in leaves_with_paths]
     avals = tuple(leaf_aval(leaf, jax.tree_util.keystr(path))
                   for path, leaf in leaves_with_paths)
-    key = (treedef, tuple((a.shape, a.dtype, getattr(a, "weak_type", False)) for a in avals),
+    key = (treedef, tuple((a.shape, a.dtype, getattr(a, "weak_type", False),
+                           str(getattr(a, "sharding", ""))) for a in avals),
            static, bool(jax.config.jax_enable_x64))
     return key, leaves, avals, treedef, static
+
+
+def spec_of(aval):
+    """A ShapeDtypeStruct keeping what tracing depends on: the weak type
+    (Python scalars promote differently) and, under explicit-axis meshes, the
+    sharding that is part of the type."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or getattr(mesh, "empty", True) or not getattr(sharding, "spec", None) \
+            or all(p is None for p in sharding.spec):
+        sharding = None
+    try:
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                                    weak_type=getattr(aval, "weak_type", False),
+                                    sharding=sharding)
+    except (TypeError, ValueError):
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                                    weak_type=getattr(aval, "weak_type", False))
 
 
 def trace(fn, avals, treedef, static, n_args) -> TracedProgram:
@@ -147,8 +166,7 @@ def trace(fn, avals, treedef, static, n_args) -> TracedProgram:
         out_tree_box.append(out_tree)
         return out_leaves
 
-    specs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
-             for a in avals]
+    specs = [spec_of(a) for a in avals]
     closed = jax.make_jaxpr(flat_fn)(*specs)
     analysis = analyze(JaxprGraph(closed.jaxpr), RULES)
     return TracedProgram(closed, analysis, treedef, out_tree_box[-1])

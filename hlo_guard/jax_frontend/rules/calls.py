@@ -39,7 +39,7 @@ def body_is_risky(jaxpr) -> bool:
             risky = True
         elif name in CALL_BODY_PARAM:
             risky = body_is_risky(body_of(eqn)[0])
-        elif name in ("cond", "while", "scan"):
+        elif name in ("cond", "while", "scan", "shard_map"):
             risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
         if risky:
             break
@@ -127,7 +127,7 @@ class ControlFlow(JaxRule):
     * ``scan``: carries are fully live; the stacked outputs ``ys`` keep their
       liveness, and their masks are passed in as extra ``xs``, one slice per
       iteration.
-    * ``while``: fully live boundary.
+    * ``while`` and ``shard_map``: fully live boundary.
 
     Operands always come out fully live: dead lanes found inside a body are
     not followed back out to operations before the loop or branch (reported).
@@ -158,9 +158,9 @@ class ControlFlow(JaxRule):
                     node, f"{name} operands: lanes dead inside the body are guarded there, "
                           "but not followed back to operations before the "
                           f"{name}", dead_inside[0])
-        if name == "while" and out.reaches_output and not out.is_live:
+        if name in ("while", "shard_map") and out.reaches_output and not out.is_live:
             analysis.note_unreached(
-                node, "while boundary: dead lanes of its outputs are not followed into "
+                node, f"{name} boundary: dead lanes of its outputs are not followed into "
                       "its body (inputs kept fully live)", out)
         return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
 
@@ -179,7 +179,7 @@ def control_bodies(eqn):
         return [open_jaxpr(b) for b in eqn.params["branches"]]
     if name == "while":
         return [open_jaxpr(eqn.params["body_jaxpr"])]
-    if name == "scan":
+    if name in ("scan", "shard_map"):
         return [open_jaxpr(eqn.params["jaxpr"])]
     return []
 
@@ -188,4 +188,4 @@ def register(table):
     table.register(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"],
                    Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], Call(guards=True))
-    table.register(["cond", "while", "scan"], ControlFlow())
+    table.register(["cond", "while", "scan", "shard_map"], ControlFlow())
