@@ -115,22 +115,34 @@ def leaf_aval(x, path: str):
     if isinstance(x, (np.ndarray, np.generic)):
         if x.dtype.kind not in "biufcV" or x.dtype == object:
             raise GuardUsageError(
-                f"argument {path} has dtype {x.dtype}, which JAX cannot trace; "
+                f"{path} has dtype {x.dtype}, which JAX cannot trace; "
                 "pass numeric arrays (or mark the argument static)")
         return jax.typeof(x)
     if isinstance(x, (bool, int, float, complex)):
         return jax.typeof(x)
     raise GuardUsageError(
-        f"argument {path} is a {type(x).__name__}, not an array or a number; pass arrays, "
+        f"{path} is a {type(x).__name__}, not an array or a number; pass arrays, "
         "or mark it static with static_argnums/static_argnames")
+
+
+def describe_path(path) -> str:
+    """'positional argument 1 ['w']' / 'keyword argument 'scale'' for a leaf of
+    the (dynamic args, dynamic kwargs) pytree."""
+    keystr = jax.tree_util.keystr
+    if len(path) >= 2 and getattr(path[0], "idx", None) == 0:
+        rest = keystr(tuple(path[2:]))
+        return f"positional argument {path[1].idx}" + (f" at {rest}" if rest else "")
+    if len(path) >= 2:
+        rest = keystr(tuple(path[2:]))
+        return f"keyword argument {keystr((path[1],))[1:-1]}" + (f" at {rest}" if rest else "")
+    return keystr(path)
 
 
 def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     dyn, static = split_arguments(args, kwargs, static_argnums, static_argnames)
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(dyn)
     leaves = [leaf for _, leaf in leaves_with_paths]
-    avals = tuple(leaf_aval(leaf, jax.tree_util.keystr(path))
-                  for path, leaf in leaves_with_paths)
+    avals = tuple(leaf_aval(leaf, describe_path(path)) for path, leaf in leaves_with_paths)
     key = (treedef, tuple((a.shape, a.dtype, getattr(a, "weak_type", False),
                            str(getattr(a, "sharding", ""))) for a in avals),
            static, bool(jax.config.jax_enable_x64))
