@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence
 
-from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, join_all, partial_by
+from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins,
+                            partial_by)
 from passes.masks import ALL, NONE
 from passes.rules import Rule
 
@@ -89,7 +90,9 @@ def forward_join(fa, node, ins) -> List[Liveness]:
 
 def forward_placed(fa, node, ins) -> List[Liveness]:
     """Inputs placed side by side (concatenate, pad, select): the output is
-    fully live only if every floating input (literals included) is."""
+    fully live only if every floating input (literals included) is.  The
+    origins are those of the inputs' dead lanes; this node is named too when
+    it places a constant (a literal or a value with no tangent at all)."""
     eqn = fa.graph.eqns[node]
     floats = [lv for v, lv in zip(eqn.invars, ins) if is_inexact_aval(v.aval)]
     if floats and all(lv.is_live for lv in floats):
@@ -97,7 +100,13 @@ def forward_placed(fa, node, ins) -> List[Liveness]:
     elif not any(lv.reaches_output for lv in floats):
         out = NO_DERIVATIVE
     else:
-        out = partial_by(fa.graph.origin(node))
+        origins = Liveness(Level.PARTIAL)
+        for lv in floats:
+            if not lv.is_live:
+                origins = Liveness(Level.PARTIAL, merge_origins(origins.origins, lv.origins))
+        if any(not lv.reaches_output for lv in floats) or not origins.origins:
+            origins = origins.with_origin(fa.graph.origin(node))
+        out = origins
     return [out] * len(eqn.outvars)
 
 

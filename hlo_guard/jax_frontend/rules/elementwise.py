@@ -13,7 +13,11 @@ unchanged and need none; the mask still flows through them.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from passes.lattice import NO_DERIVATIVE
+
+from hlo_guard.jax_frontend.graph import is_literal
 
 from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
 from hlo_guard.jax_frontend.rules.base import (JaxRule, LazyMasks, aval_shape, forward_join,
@@ -37,6 +41,21 @@ class Elementwise(JaxRule):
 
     def forward(self, fa, node, ins):
         return forward_join(fa, node, ins)
+
+    def guards_output(self, analysis, node, index):
+        """Scaling by a finite literal (``2 * x``, ``x / 4``) cannot turn a
+        zero tangent into NaN: no output guard there."""
+        if not self.guards:
+            return False
+        eqn = analysis.graph.eqns[node]
+        name = eqn.primitive.name
+        lits = [i for i, v in enumerate(eqn.invars) if is_literal(v)]
+        if name == "mul" and lits:
+            return not all(np.all(np.isfinite(eqn.invars[i].val)) for i in lits)
+        if name == "div" and lits == [1]:
+            val = eqn.invars[1].val
+            return not (np.all(np.isfinite(val)) and np.all(val != 0))
+        return True
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         shape = aval_shape(eqn.outvars[0])

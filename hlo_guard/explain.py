@@ -1,0 +1,295 @@
+"""``explain(fn, *args)``: what the guard pass does to ``fn`` at these arguments.
+
+The report lists
+
+* every **guard site** -- an input of an operation (``sqrt``, ``log``, ``max``
+  ...) that gets ``select(mask, x, stop_gradient(x))`` because some of its lanes
+  are dead -- with the selecting operations that made them dead (``where``,
+  ``maximum``, ``clip``, slicing, ``max`` ...), both with file:line, and the
+  dead lanes in words ("lanes where `x > 0.0` is false");
+* every **unguarded site**: an operation that dead lanes reach but the pass does
+  not see through (no rule for the primitive, a control-flow boundary, a rule
+  that keeps inputs fully live) or a guard that was skipped because its mask
+  needed the result of an effectful operation;
+* counts, by kind and by nested scope (``jit(_where)``, ``cond[1]`` ...).
+
+Guard sites are *planned* per (operation, input): a site whose mask turns out
+to be all-true at trace time gets no ``select`` in the program.  Forward-mode
+guards sit on an operation's *output* (``output`` is set instead of
+``operand``): its input tangents are structurally zero in some lanes, which
+its derivative could multiply by inf under ``jvp``/``jacfwd``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import jax
+
+from passes.lattice import Level
+from passes.planning import plan_guards
+
+from hlo_guard.dumps import ProgramDumps
+from hlo_guard.jax_frontend import interpreter
+from hlo_guard.jax_frontend.graph import Literal
+from hlo_guard.programs import Programs, function_name
+from hlo_guard.render import Renderer, slice_text
+from hlo_guard.report_model import ExplainReport, OriginInfo, SiteInfo
+from hlo_guard.scopes import ScopeTree
+
+
+def explain(fn, *args, **kwargs) -> ExplainReport:
+    """Explain the guards ``guard(fn)`` inserts for these arguments.
+
+    ``fn`` may be a plain function, ``guard(f)`` or ``guarded_jit(f)``, or a
+    function from ``hlo_guard.tf.guard``/``guarded_function`` (pass a
+    guarded function to declare static arguments: ``explain(guard(f,
+    static_argnums=1), x, 3)``).  The report prints as text (``str(report)``)
+    and serialises with ``report.to_json()``; ``report.dumps(level, program)``
+    shows the program itself.
+    """
+    from hlo_guard.explain_tf import explain_tf, is_tf_guarded
+    if is_tf_guarded(fn):  # one report model for both front ends
+        return explain_tf(fn, *args, **kwargs)
+    progs = Programs.build(fn, args, kwargs)
+    return build_report(progs)
+
+
+def build_report(progs: Programs) -> ExplainReport:
+    analysis = progs.program.analysis
+    # Tracing the guarded program once fills analysis.notes['_skipped'] in every
+    # scope: guards whose mask would have needed an effectful value.
+    jax.make_jaxpr(progs.flat("guarded"))(*progs.leaves)
+    tree = ScopeTree(analysis)
+    input_names = dict(zip(progs.program.closed_jaxpr.jaxpr.invars, progs.leaf_names()))
+    explainer = _Explainer(tree, Renderer(tree, input_names))
+    sites: List[SiteInfo] = []
+    for a in tree.analyses():
+        sites.extend(explainer.scope_sites(a))
+    dumps = ProgramDumps(progs)
+    report = ExplainReport(framework="jax", function=function_name(progs.guarded.fn),
+                           sites=sites, signature=progs.signature(), _dumps=dumps.show)
+    return report
+
+
+def _op_name(eqn) -> str:
+    """``sqrt``; calls by their name: ``jit(norm)``, ``custom_jvp_call(relu)``."""
+    name = eqn.params.get("name") if hasattr(eqn, "params") else None
+    prim = eqn.primitive.name
+    return f"{prim}({name})" if isinstance(name, str) and name else prim
+
+
+def _level_name(level: Level) -> str:
+    return {Level.DEAD: "dead", Level.PARTIAL: "partial", Level.LIVE: "live"}[level]
+
+
+class _Explainer:
+    def __init__(self, tree: ScopeTree, renderer: Renderer):
+        self.tree = tree
+        self.render = renderer
+
+    def scope_sites(self, analysis) -> List[SiteInfo]:
+        graph = analysis.graph
+        guards, unguarded = plan_guards(analysis)
+        out: List[SiteInfo] = []
+        skipped = sorted(analysis.notes.get("_skipped", ()),
+                         key=lambda t: (t[0], -1 if t[1] is None else t[1]))
+        skipped_uses = {(n, i) for n, i, _ in skipped}
+        for site in guards:
+            eqn = graph.eqns[site.node]
+            loc, _ = self.tree.location(graph, site.node)
+            origins = [self.origin(graph, site.node, site.index, tok)
+                       for tok in site.liveness.origins]
+            record = SiteInfo(
+                kind="guard", op=_op_name(eqn), location=loc, scope=graph.scope,
+                operand=site.index, statically_dead=site.statically_dead,
+                origins=origins, primitive=eqn.primitive.name,
+                operand_expr=self.render.atom(graph, eqn.invars[site.index]),
+                level=_level_name(site.liveness.level), node=site.node,
+                mask=_mask_text(origins, site.statically_dead))
+            if (site.node, site.index) in skipped_uses:
+                continue  # reported below as skipped, not as a guard
+            out.append(record)
+        out.extend(self.output_sites(analysis, skipped_uses))
+        for node, index, reason in skipped:
+            if isinstance(index, tuple):  # ("output", j): a skipped forward-mode guard
+                out.append(self.skipped_output(analysis, node, index[1], reason))
+                continue
+            eqn = graph.eqns[node]
+            loc, _ = self.tree.location(graph, node)
+            lv = analysis.use(node, index) if index is not None else None
+            origins = [self.origin(graph, node, index, tok)
+                       for tok in (lv.origins if lv is not None else ())]
+            what = (f"input {index}" if index is not None
+                    else "the dead lanes of its outputs (passed into its body)")
+            out.append(SiteInfo(
+                kind="unguarded", op=_op_name(eqn), location=loc, scope=graph.scope,
+                operand=index, origins=origins, primitive=eqn.primitive.name,
+                category="skipped", node=node,
+                level=_level_name(lv.level) if lv is not None else "",
+                reason=f"guard on {what} skipped: {reason}",
+                mask=_mask_text(origins, False)))
+        for u in unguarded:
+            eqn = graph.eqns[u.node]
+            loc, _ = self.tree.location(graph, u.node)
+            origins = [self.origin(graph, u.node, None, tok) for tok in u.liveness.origins]
+            out.append(SiteInfo(
+                kind="unguarded", op=_op_name(eqn), location=loc, scope=graph.scope,
+                origins=origins, primitive=eqn.primitive.name, reason=u.reason,
+                category=self.category(analysis, u.node), node=u.node,
+                level=_level_name(u.liveness.level), mask=_mask_text(origins, False)))
+        return out
+
+    def output_sites(self, analysis, skipped_uses) -> List[SiteInfo]:
+        """Forward-mode guards on operations' outputs, planned as the interpreter does."""
+        graph = analysis.graph
+        forward = interpreter.forward_of(analysis)
+        self.tree.add_forward(forward, analysis)
+        out: List[SiteInfo] = []
+        for node, sites in sorted(interpreter.output_sites_by_node(analysis).items()):
+            for site in sites:
+                if (node, ("output", site.index)) in skipped_uses:
+                    continue
+                eqn = graph.eqns[node]
+                loc, _ = self.tree.location(graph, node)
+                origins = [self.forward_origin(tok) for tok in site.liveness.origins]
+                out.append(SiteInfo(
+                    kind="guard", op=_op_name(eqn), location=loc, scope=graph.scope,
+                    statically_dead=site.statically_dead, origins=origins,
+                    primitive=eqn.primitive.name, output=site.index, mode="forward",
+                    operand_expr=self.render.equation(graph, node, out_index=site.index),
+                    level=_level_name(site.liveness.level), node=node,
+                    mask=_mask_text(origins, site.statically_dead)))
+        return out
+
+    def skipped_output(self, analysis, node, index, reason) -> SiteInfo:
+        graph = analysis.graph
+        eqn = graph.eqns[node]
+        loc, _ = self.tree.location(graph, node)
+        return SiteInfo(kind="unguarded", op=_op_name(eqn), location=loc,
+                        scope=graph.scope, primitive=eqn.primitive.name, output=index,
+                        mode="forward", category="skipped", node=node,
+                        reason=f"forward-mode guard on output {index} skipped: {reason}")
+
+    def forward_origin(self, token) -> OriginInfo:
+        """An upstream selection that makes tangent lanes structurally zero."""
+        graph = self.tree.canonical(token.graph)
+        node = token.node
+        eqn = graph.eqns[node]
+        prim = eqn.primitive.name
+        loc, inherited = self.tree.location(graph, node)
+        op = prim
+        if inherited:
+            op = self.tree.wrapper_name(graph).lstrip("_") or prim
+        fa = self.tree.forward_of_graph(token.graph)
+        meaning = f"lanes whose tangent `{prim}` makes structurally zero"
+        if prim == "select_n" and fa is not None:
+            live = [k for k, v in enumerate(eqn.invars[1:])
+                    if not isinstance(v, Literal) and fa.value_liveness(v).reaches_output
+                    and not fa.value_liveness(v).is_dead]
+            pred = self.render.atom(graph, eqn.invars[0])
+            if len(eqn.invars) == 3 and len(live) == 1:
+                word = "false" if live == [1] else "true"
+                meaning = f"lanes where `{pred}` is {word} (the select takes a constant there)"
+            else:
+                meaning = f"lanes where the select on `{pred}` takes a constant"
+        return OriginInfo(op=op, location=loc, meaning=meaning, primitive=prim,
+                          scope=graph.scope, inherited_location=inherited)
+
+    @staticmethod
+    def category(analysis, node: int) -> str:
+        rule = analysis.rules.get(analysis.graph.op_name(node))
+        if rule is None:
+            return "no-rule"
+        kind = getattr(rule, "kind", "")
+        if kind in ("control-flow", "conservative"):
+            return kind
+        return "other"
+
+    # -- origins ------------------------------------------------------------------------
+    def origin(self, graph, node: int, index, token) -> OriginInfo:
+        ograph, onode = token.graph, token.node
+        eqn = ograph.eqns[onode]
+        prim = eqn.primitive.name
+        loc, inherited = self.tree.location(ograph, onode)
+        op = prim
+        if inherited:
+            wrapper = self.tree.wrapper_name(ograph).lstrip("_")
+            if wrapper:
+                op = wrapper
+        if ograph is graph and onode == node and index is not None:
+            operands = {index}
+        else:
+            operands = self.tree.operands_reached(graph, node, ograph, onode)
+        if prim == "select_n" and len(operands) > 1:
+            operands.discard(0)  # the predicate carries no derivative
+        operand = min(operands) if len(operands) == 1 else None
+        return OriginInfo(op=op, location=loc, meaning=self.meaning(ograph, onode, operand),
+                          primitive=prim, scope=ograph.scope, operand=operand,
+                          inherited_location=inherited)
+
+    def meaning(self, graph, node: int, operand) -> str:
+        """The lanes this selecting equation kills for input ``operand``, in words."""
+        eqn = graph.eqns[node]
+        prim = eqn.primitive.name
+        r = self.render
+        args = eqn.invars
+        if prim == "select_n":
+            _, resolved = r.resolve(graph, args[0])
+            pred = r.atom(graph, args[0])
+            if isinstance(resolved, Literal):
+                return f"every lane the constant predicate `{pred}` does not select"
+            is_bool = str(getattr(args[0].aval, "dtype", "")) == "bool"
+            if operand is None or operand == 0:
+                return f"lanes the select on `{pred}` does not take"
+            case = operand - 1
+            if is_bool and len(args) == 3:
+                return f"lanes where `{pred}` is {'false' if case == 1 else 'true'}"
+            return f"lanes where `{pred}` != {case}"
+        if prim in ("max", "min") and len(args) == 2:
+            if operand is None:
+                return f"lanes of the operand that does not win `{prim}`"
+            this = r.atom(graph, args[operand])
+            other = r.atom(graph, args[1 - operand])
+            cmp = "<" if prim == "max" else ">"
+            return (f"lanes where `{this} {cmp} {other}` "
+                    f"({prim} takes the other operand; ties share the derivative)")
+        if prim == "clamp":
+            lo, x, hi = (r.atom(graph, a) for a in args)
+            if operand == 1:
+                return f"lanes where `{x}` is not strictly between `{lo}` and `{hi}`"
+            if operand == 0:
+                return f"lanes where the lower bound `{lo}` is not the result"
+            if operand == 2:
+                return f"lanes where the upper bound `{hi}` is not the result"
+            return "lanes the clamp does not take from this operand"
+        if prim in ("reduce_max", "reduce_min"):
+            x = r.atom(graph, args[0])
+            word = "maximum" if prim == "reduce_max" else "minimum"
+            return (f"elements of `{x}` that are not the {word} over axes "
+                    f"{tuple(eqn.params.get('axes', ()))} (ties share the derivative)")
+        if prim == "slice":
+            return f"lanes outside the slice `{slice_text(eqn)}` of `{r.atom(graph, args[0])}`"
+        if prim in ("gather", "dynamic_slice"):
+            return f"lanes of `{r.atom(graph, args[0])}` that the {prim} does not read"
+        if prim in ("dynamic_update_slice", "scatter"):
+            if operand == 0:
+                return f"lanes of `{r.atom(graph, args[0])}` that the {prim} overwrites"
+            return f"lanes the {prim} does not write"
+        if prim == "pad":
+            return "lanes the pad drops" if operand != 1 else "lanes holding the padding value"
+        return f"lanes `{prim}` drops"
+
+
+def _mask_text(origins: List[OriginInfo], statically_dead: bool) -> str:
+    if statically_dead:
+        return "every lane"
+    meanings = []
+    for o in origins:
+        if o.meaning and o.meaning not in meanings:
+            meanings.append(o.meaning)
+    return "; ".join(meanings)
+
+
+def explain_dict(fn, *args, **kwargs) -> Dict[str, Any]:
+    """``explain(...).to_dict()``, for callers that only want data."""
+    return explain(fn, *args, **kwargs).to_dict()

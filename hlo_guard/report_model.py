@@ -1,0 +1,145 @@
+"""The explain report: :mod:`passes.report`'s records with the fields users asked for.
+
+``passes.report`` holds the framework-neutral records every front end fills
+(``Report``, ``SiteRecord``, ``OriginRecord``).  These subclasses only *add*
+fields (all defaulted), so a front end that fills the base records still
+renders and serialises here, and JSON from either front end has the same keys:
+
+* ``OriginInfo``: the selecting primitive, its nesting scope, which of its
+  operands the guarded value reaches, whether its location was inherited from
+  the enclosing library call (``jnp.where``'s inner ``select_n``);
+* ``SiteInfo``: the guarded primitive, the rendered operand, the static level
+  (``partial``/``dead``), a category for unguarded sites (``no-rule``,
+  ``control-flow``, ``conservative``, ``skipped``) and the mask in words;
+* ``ExplainReport``: counts by kind and by scope, the argument signature, and
+  the dumps of the same program (``report.dumps(level, program)``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from passes.report import OriginRecord, Report, SiteRecord
+
+#: unguarded-site categories, in the order the text report lists them
+CATEGORIES = ("no-rule", "conservative", "control-flow", "skipped", "other")
+
+
+@dataclass
+class OriginInfo(OriginRecord):
+    primitive: str = ""
+    scope: str = ""
+    operand: Optional[int] = None    # which input of the selecting op is reached
+    inherited_location: bool = False  # location is the enclosing call's
+
+
+@dataclass
+class SiteInfo(SiteRecord):
+    primitive: str = ""
+    operand_expr: str = ""       # the guarded input, rendered
+    level: str = ""              # "partial" | "dead"
+    category: str = ""           # unguarded sites only
+    mask: str = ""               # the dead lanes in words
+    node: Optional[int] = None   # equation index within its scope's jaxpr
+    output: Optional[int] = None  # forward-mode guard: which output is guarded
+    mode: str = "reverse"        # "reverse" (input guard) or "forward" (output guard)
+
+
+def _get(obj, name, default=""):
+    return getattr(obj, name, default)
+
+
+def _origin_head(o: OriginRecord) -> str:
+    prim = _get(o, "primitive")
+    name = o.op if not prim or prim == o.op else f"{o.op} [{prim}]"
+    scope = _get(o, "scope")
+    return f"{name} at {o.location or '?'}" + (f" [in {scope}]" if scope else "")
+
+
+@dataclass
+class ExplainReport(Report):
+    signature: str = ""
+    _dumps: Optional[Callable[..., Any]] = field(default=None, repr=False, compare=False)
+
+    # -- counts -------------------------------------------------------------------
+    def counts(self) -> Dict[str, Any]:
+        base = super().counts()
+        guards = self.guards
+        base["statically_dead"] = sum(1 for s in guards if s.statically_dead)
+        base["partial"] = len(guards) - base["statically_dead"]
+        base["forward_mode"] = sum(1 for s in guards if _get(s, "mode") == "forward")
+        by_cat: Dict[str, int] = {}
+        for s in self.unguarded:
+            cat = _get(s, "category") or "other"
+            by_cat[cat] = by_cat.get(cat, 0) + 1
+        base["unguarded_by_category"] = by_cat
+        scopes: Dict[str, int] = {}
+        for s in guards:
+            scopes[s.scope or "<top>"] = scopes.get(s.scope or "<top>", 0) + 1
+        base["guards_by_scope"] = scopes
+        return base
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = super().to_dict()
+        d["signature"] = self.signature
+        return d
+
+    # -- text -----------------------------------------------------------------------
+    def to_text(self) -> str:
+        c = self.counts()
+        head = f"hlo_guard explain: {self.function}({self.signature}) [{self.framework}]"
+        lines = [head,
+                 f"  {c['guards']} guard site(s): {c['partial']} partly dead, "
+                 f"{c['statically_dead']} dead in every lane; "
+                 f"{c['unguarded']} unguarded site(s)"]
+        if not self.sites:
+            lines.append("  no lane of any operation is dead: nothing to guard")
+        for n, s in enumerate(self.guards, 1):
+            lines.append("")
+            lines.extend(self._site_lines(n, s))
+        for n, s in enumerate(self.unguarded, 1):
+            lines.append("")
+            lines.extend(self._site_lines(n, s))
+        return "\n".join(lines)
+
+    @staticmethod
+    def _site_lines(n: int, s: SiteRecord) -> List[str]:
+        scope = f" [in {s.scope}]" if s.scope else ""
+        op = s.op or _get(s, "primitive")
+        expr = _get(s, "operand_expr")
+        if s.kind == "guard" and _get(s, "output", None) is not None:
+            what = f" output {s.output}" + (f" (`{expr}`)" if expr else "")
+            lines = [f"GUARD #{n}: {op}{what} at {s.location or '?'}{scope} "
+                     "[forward mode: its tangent]"]
+            if s.statically_dead:
+                lines.append("    every lane is dead: the guard is a plain stop_gradient")
+        elif s.kind == "guard":
+            operand = f" operand {s.operand}" + (f" (`{expr}`)" if expr else "")
+            lines = [f"GUARD #{n}: {op}{operand} at {s.location or '?'}{scope}"]
+            if s.statically_dead:
+                lines.append("    every lane is dead: the guard is a plain stop_gradient")
+        else:
+            cat = _get(s, "category")
+            lines = [f"UNGUARDED #{n}: {op} at {s.location or '?'}{scope}"
+                     + (f" ({cat})" if cat else ""),
+                     f"    reason: {s.reason}"]
+        origins = list(s.origins)
+        if len(origins) == 1:
+            mask = _get(s, "mask") or origins[0].meaning
+            if mask:
+                lines.append(f"    dead lanes: {mask}")
+            lines.append(f"    selected by {_origin_head(origins[0])}")
+        elif origins:
+            lines.append("    dead lanes come from:")
+            for o in origins:
+                lines.append(f"      - {_origin_head(o)}" + (f": {o.meaning}" if o.meaning else ""))
+        return lines
+
+    # -- dumps --------------------------------------------------------------------------
+    def dumps(self, level: str = "jaxpr", program: str = "forward", show: str = "diff") -> str:
+        """The program behind this report at ``level`` (``jaxpr``, ``stablehlo``,
+        ``hlo``) for ``program`` (``forward``, ``grad``); ``show`` one of
+        ``original``, ``guarded``, ``both``, ``diff``."""
+        if self._dumps is None:
+            raise ValueError("this report was not built with its program; use hlo_guard.dump")
+        return self._dumps(level=level, program=program, show=show)
