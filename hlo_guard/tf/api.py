@@ -1,0 +1,192 @@
+"""The TF user API: ``guard`` and ``guarded_function``.
+
+``guard(fn)`` returns a callable whose every call runs a wrapper
+``tf.function``; tracing the wrapper traces ``fn`` (nested ``tf.function``s
+inlined), imports its graph, analyses which lanes carry a derivative and
+rewires guards in (:mod:`hlo_guard.tf.rewrite`).  Differentiate the result
+with ``tf.GradientTape`` as usual, eagerly or inside
+``tf.function(jit_compile=True)``.
+
+``guarded_function(fn, jit_compile=True, ...)`` is ``tf.function(guard(fn),
+jit_compile=True, ...)``: it returns TF's own ``tf.function`` object
+(``get_concrete_function``, ``experimental_get_compiler_ir`` as usual), with
+the guard reachable as its ``hlo_guard`` attribute.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Dict, Optional
+
+import tensorflow as tf
+from tensorflow.python.eager import tape as tape_lib
+
+from hlo_guard.errors import GuardUsageError
+from hlo_guard.tf.rewrite import BuildRecord, build_guarded
+from hlo_guard.tf.tracing import trace, unsupported_reason
+
+
+def _check_callable(fn, who: str):
+    if not callable(fn):
+        raise GuardUsageError(f"{who} expects a callable, got {type(fn).__name__}: {fn!r}")
+
+
+def _python_function(fn):
+    return getattr(fn, "python_function", fn)
+
+
+class GuardedTFFunction:
+    """``fn`` with gradient guards, as a TF-traceable callable."""
+
+    def __init__(self, fn: Callable, input_signature=None):
+        _check_callable(fn, "hlo_guard.tf.guard")
+        self.fn = fn
+        self.python_function = _python_function(fn)
+        # the user's function as a tf.function, used only to trace it
+        self._tracer = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
+        self._records: Dict[str, BuildRecord] = {}
+        self.last_record: Optional[BuildRecord] = None
+
+        def wrapper(*args, **kwargs):
+            return self._build(args, kwargs)
+        _copy_signature(wrapper, self.python_function)
+
+        self.wrapper = tf.function(wrapper, input_signature=input_signature, autograph=False)
+        # name and docs only: a ``__wrapped__`` would let autograph (in a caller's
+        # tf.function) unwrap this object and call the unguarded ``fn``
+        # (``__signature__`` also keeps ``inspect.signature`` working although
+        # ``__get__`` makes instances look like method descriptors)
+        _copy_signature(self, self.python_function)
+
+    # -- tracing ---------------------------------------------------------------------
+    def _flat_tensor_args(self, args, kwargs):
+        try:
+            bound = inspect.signature(self.python_function).bind(*args, **kwargs)
+            values = list(bound.arguments.values())
+        except (TypeError, ValueError):
+            values = [args, kwargs]
+        flat = tf.nest.flatten(values, expand_composites=True)
+        out = []
+        for t in flat:
+            if isinstance(t, tf.Variable):
+                # a variable argument is a resource input of the traced graph
+                tape_lib.variable_accessed(t)
+                out.append(tf.identity(t.handle))
+            elif isinstance(t, tf.Tensor):
+                out.append(t)
+        return out
+
+    def _build(self, args, kwargs):
+        traced = trace(self._tracer, args, kwargs)
+        concrete = traced.concrete
+        reason = unsupported_reason(traced)
+        if reason:
+            # conservative: the user's own program, traced in place, unguarded
+            graph = tf.compat.v1.get_default_graph()
+            record = BuildRecord(None, None, fallback=reason)
+            self._records[graph.name] = record
+            self.last_record = record
+            return self.python_function(*args, **kwargs)
+        for var in concrete.variables:
+            # the imported graph reads the variable through a captured handle;
+            # tell the tapes, as ReadVariableOp would, so gradients are not None
+            tape_lib.variable_accessed(var)
+        flat_args = self._flat_tensor_args(args, kwargs)
+        if len(flat_args) != len(traced.arg_names):
+            raise GuardUsageError(
+                f"cannot match the {len(flat_args)} tensor argument(s) to the "
+                f"{len(traced.arg_names)} inputs of the traced function")
+        outputs, record = build_guarded(traced, flat_args)
+        graph = tf.compat.v1.get_default_graph()
+        self._records[graph.name] = record
+        self.last_record = record
+        return _pack_outputs(concrete.structured_outputs, outputs)
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, *args, **kwargs):
+        return self.wrapper(*args, **kwargs)
+
+    def __get__(self, obj, objtype=None):
+        """Used as a method decorator: bind the instance as the first argument."""
+        if obj is None:
+            return self
+        import functools
+        return functools.partial(self, obj)
+
+    def get_concrete_function(self, *args, **kwargs):
+        return self.wrapper.get_concrete_function(*args, **kwargs)
+
+    def record_for(self, *args, **kwargs) -> BuildRecord:
+        """The build record (analysis, guards) of the trace these arguments use."""
+        concrete = self.wrapper.get_concrete_function(*args, **kwargs)
+        record = self._records.get(concrete.graph.name)
+        if record is None:  # pragma: no cover - traced elsewhere (e.g. loaded)
+            raise GuardUsageError("no guard record for this trace")
+        return record
+
+    def report(self, *args, **kwargs):
+        """A :class:`passes.report.Report` of the guards for these arguments."""
+        from hlo_guard.tf.report import build_report
+        return build_report(self.record_for(*args, **kwargs), self.__name__)
+
+    explain = report
+
+    def __repr__(self):
+        return f"hlo_guard.tf.guard({getattr(self.python_function, '__qualname__', self.fn)!r})"
+
+
+def _copy_signature(target, source):
+    """Name, docs and call signature of ``source`` (so ``tf.function`` binds
+    keyword arguments the same way), deliberately without ``__wrapped__``."""
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        if hasattr(source, attr):
+            setattr(target, attr, getattr(source, attr))
+    try:
+        target.__signature__ = inspect.signature(source)
+    except (TypeError, ValueError):
+        pass
+
+
+def _pack_outputs(structure, flat_outputs):
+    """Put the imported output tensors where the traced function had tensors."""
+    it = iter(flat_outputs)
+    leaves = tf.nest.flatten(structure, expand_composites=True)
+    new = [next(it) if isinstance(x, tf.Tensor) else x for x in leaves]
+    return tf.nest.pack_sequence_as(structure, new, expand_composites=True)
+
+
+def guard(fn: Optional[Callable] = None, input_signature=None):
+    """Return ``fn`` with gradient guards (usable as ``@guard``, ``guard(f)`` or
+    ``@guard(input_signature=[...])``)."""
+    if fn is None:
+        return lambda f: GuardedTFFunction(f, input_signature)
+    return GuardedTFFunction(fn, input_signature)
+
+
+def guarded_function(fn: Optional[Callable] = None, *, jit_compile=True, input_signature=None,
+                     **tf_function_kwargs):
+    """``tf.function(guard(fn), jit_compile=jit_compile, ...)``.
+
+    Returns TF's own ``tf.function`` object; ``.hlo_guard`` is the guard (for
+    ``report``).  Accepts every ``tf.function`` keyword.
+    """
+    if fn is None:
+        return lambda f: guarded_function(f, jit_compile=jit_compile,
+                                          input_signature=input_signature,
+                                          **tf_function_kwargs)
+    _check_callable(fn, "hlo_guard.tf.guarded_function")
+    known = set(inspect.signature(tf.function).parameters)
+    unknown = sorted(set(tf_function_kwargs) - known)
+    if unknown:
+        raise GuardUsageError(
+            f"guarded_function got unexpected keyword argument(s) {unknown}; "
+            f"tf.function accepts {sorted(known - {'func'})}")
+    guarded = GuardedTFFunction(fn, input_signature)
+
+    def call(*args, **kwargs):
+        return guarded.wrapper(*args, **kwargs)
+    _copy_signature(call, guarded.python_function)
+
+    outer = tf.function(call, jit_compile=jit_compile, input_signature=input_signature,
+                        **tf_function_kwargs)
+    outer.hlo_guard = guarded
+    return outer

@@ -1,0 +1,100 @@
+"""Guarding the bodies of functional control flow (``If``, ``While``).
+
+The outer analysis keeps these boundaries fully live (conservative, reported
+when dead lanes arrive there).  Inside, each branch or loop body is a graph of
+its own whose outputs are fully live: it gets the same treatment as the
+top-level function -- imported into a fresh ``tf.function`` with the same
+signature, analysed, guarded -- and the control-flow op is pointed at the
+guarded function (``_set_func_attr``).  TF's own gradients for ``If``/``While``
+rebuild the body graphs from the function library by name, so they
+differentiate the guarded bodies.  Nested control flow is handled by the same
+recursion.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import tensorflow as tf
+from tensorflow.python.framework import function_def_to_graph
+
+BODY_ATTRS = {
+    "If": ("then_branch", "else_branch"),
+    "StatelessIf": ("then_branch", "else_branch"),
+    "While": ("body",),
+    "StatelessWhile": ("body",),
+    "Case": ("branches",),
+    "StatelessCase": ("branches",),
+}
+_FIRST_BODY_INPUT = {"If": 1, "StatelessIf": 1, "While": 0, "StatelessWhile": 0,
+                     "Case": 1, "StatelessCase": 1}
+
+
+def guard_bodies(graph, library, body_locations=None,
+                 depth: int = 0) -> List[Tuple[str, str, object]]:
+    """Rewrite the bodies of every control-flow op of ``graph`` (a TFGraph).
+
+    Returns ``[(op name, attr, BuildRecord of the guarded body)]`` for bodies
+    that got at least one guard (for the report).
+    """
+    fdefs = {f.signature.name: f for f in library.function}
+    results = []
+    for op in graph.ops:
+        attrs = BODY_ATTRS.get(op.type)
+        if not attrs or depth > 8:
+            continue
+        inputs = op.inputs[_FIRST_BODY_INPUT[op.type]:]
+        for attr in attrs:
+            value = op.get_attr(attr)
+            funcs = list(value) if isinstance(value, (list, tuple)) else [value]
+            names = [f.name for f in funcs]
+            changed = False
+            for k, name in enumerate(names):
+                fdef = fdefs.get(name)
+                if fdef is None:
+                    continue
+                new_name, record = guard_function(fdef, inputs, library,
+                                                  body_locations or {}, depth)
+                if new_name is None:
+                    continue
+                names[k] = new_name
+                changed = True
+                label = attr if len(funcs) == 1 and not isinstance(value, (list, tuple)) \
+                    else f"{attr}[{k}]"
+                results.append((op.name, label, record))
+            if not changed:
+                continue
+            if isinstance(value, (list, tuple)):
+                op._set_func_list_attr(attr, names)  # pylint: disable=protected-access
+            else:
+                op._set_func_attr(attr, names[0])  # pylint: disable=protected-access
+    return results
+
+
+def guard_function(fdef, inputs, library, body_locations, depth):
+    """(name of a guarded copy of ``fdef`` added to the current graph, record),
+    or (None, record) when the body needs no guard."""
+    from hlo_guard.tf.rewrite import build_body  # circular: rewrite calls guard_bodies
+
+    shapes = [t.shape for t in inputs]
+    body_graph = function_def_to_graph.function_def_to_graph(fdef, input_shapes=shapes)
+    body_def = body_graph.as_graph_def()
+    body_def.library.CopyFrom(library)
+    in_names = [t.name for t in body_graph.inputs]
+    out_names = [t.name for t in body_graph.outputs]
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in body_graph.inputs]
+    holder = {}
+
+    def body(*args):
+        outputs, record = build_body(body_def, in_names, out_names, args, library,
+                                     body_locations, fdef.signature.name, depth + 1)
+        holder["record"] = record
+        return outputs
+
+    body.__name__ = fdef.signature.name + "_hlo_guard"
+    concrete = tf.function(body, input_signature=specs, autograph=False).get_concrete_function()
+    record = holder["record"]
+    if not record.applied and not record.nested:
+        return None, record
+    graph = tf.compat.v1.get_default_graph()
+    concrete.add_to_graph(graph)
+    return concrete.function_def.signature.name, record

@@ -1,0 +1,116 @@
+"""A slice of a TensorFlow graph seen through :class:`passes.graph.Graph`.
+
+The nodes are the operations that ``import_graph_def`` created for the user's
+traced function inside the guarded wrapper, in a topological order (data and
+control edges).  Values are tensor *names* (``"hlo_guard/Sqrt:0"``): graph
+tensors are unhashable in TF2, names are stable and cheap.  Tensors that come
+from outside the slice (the wrapper's arguments, identities of captured
+handles) are inputs without a producer, like a jaxpr's ``invars``.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+
+def is_inexact(dtype) -> bool:
+    dtype = tf.as_dtype(dtype)
+    return bool(dtype.is_floating or dtype.is_complex)
+
+
+def topological_order(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
+    """Kahn's algorithm over data and control edges inside ``ops``.
+
+    ``import_graph_def`` creates operations in dependency order already, but
+    nothing documents that; sorting costs a linear pass and keeps the
+    engine's "nodes are topologically ordered" contract explicit.  Ties keep
+    creation order, so the order is deterministic.
+    """
+    index = {op.name: i for i, op in enumerate(ops)}
+    indegree = [0] * len(ops)
+    consumers: List[List[int]] = [[] for _ in ops]
+    for i, op in enumerate(ops):
+        preds = {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}
+        for p in preds:
+            j = index.get(p)
+            if j is not None:
+                indegree[i] += 1
+                consumers[j].append(i)
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(ops[i])
+        for k in consumers[i]:
+            indegree[k] -= 1
+            if indegree[k] == 0:
+                heapq.heappush(ready, k)
+    if len(order) != len(ops):  # a cycle cannot come out of a FuncGraph; be loud if it does
+        raise ValueError("the imported graph is not acyclic")
+    return order
+
+
+class TFGraph:
+    """Adapter of one imported TF graph slice for the analysis engine."""
+
+    def __init__(self, ops: Sequence[tf.Operation], outputs: Sequence[tf.Tensor],
+                 locations: Optional[Dict[str, str]] = None, strip_prefix: str = ""):
+        self.ops: List[tf.Operation] = topological_order(list(ops))
+        self.index = {op.name: i for i, op in enumerate(self.ops)}
+        self._inputs = [[t.name for t in op.inputs] for op in self.ops]
+        self._outputs = [[t.name for t in op.outputs] for op in self.ops]
+        self._graph_outputs = [t.name for t in outputs]
+        self.tensors: Dict[str, tf.Tensor] = {}
+        self._producer: Dict[str, Tuple[int, int]] = {}
+        for n, op in enumerate(self.ops):
+            for t in op.inputs:
+                self.tensors.setdefault(t.name, t)
+            for j, t in enumerate(op.outputs):
+                self.tensors[t.name] = t
+                self._producer[t.name] = (n, j)
+        for t in outputs:
+            self.tensors.setdefault(t.name, t)
+        self._inexact = {name: is_inexact(t.dtype) for name, t in self.tensors.items()}
+        self.locations = locations or {}
+        self.strip_prefix = strip_prefix
+
+    # -- passes.graph.Graph --------------------------------------------------
+    def node_count(self) -> int:
+        return len(self.ops)
+
+    def op_name(self, node: int) -> str:
+        return self.ops[node].type
+
+    def node_inputs(self, node: int) -> List[Optional[Hashable]]:
+        return self._inputs[node]
+
+    def node_outputs(self, node: int) -> List[Optional[Hashable]]:
+        return self._outputs[node]
+
+    def graph_outputs(self) -> List[Optional[Hashable]]:
+        return self._graph_outputs
+
+    def carries_derivative(self, value) -> bool:
+        return self._inexact.get(value, False)
+
+    def origin(self, node: int) -> str:
+        return self.ops[node].name
+
+    # -- helpers ---------------------------------------------------------------
+    def op(self, node: int) -> tf.Operation:
+        return self.ops[node]
+
+    def producer(self, name: str) -> Optional[Tuple[int, int]]:
+        return self._producer.get(name)
+
+    def user_name(self, op_name: str) -> str:
+        """The operation's name in the user's traced function (import prefix removed)."""
+        if self.strip_prefix and op_name.startswith(self.strip_prefix):
+            return op_name[len(self.strip_prefix):]
+        return op_name
+
+    def location(self, op_name: str) -> str:
+        return self.locations.get(self.user_name(op_name), "")

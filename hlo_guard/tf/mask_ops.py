@@ -1,0 +1,110 @@
+"""Mask arithmetic in TF ops, tolerant of dynamic shapes.
+
+A mask is :data:`passes.masks.ALL`, :data:`passes.masks.NONE` or a boolean
+tensor of exactly the shape of the value it describes.  Shapes may be unknown
+until run time (``TensorSpec([None])``), so every reshaping goes through
+``tf.shape`` and ``BroadcastGradientArgs`` -- the same op TF's own gradients
+use to undo implicit broadcasting, which makes the reduction follow TF's
+broadcasting rules exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from passes.masks import ALL, NONE, MaskAlgebra
+
+
+def is_sentinel(m) -> bool:
+    return m is ALL or m is NONE
+
+
+def static_value(m):
+    try:
+        return tf.get_static_value(m)
+    except (TypeError, ValueError):
+        return None
+
+
+def normalize(m):
+    """ALL/NONE for a mask whose value is known at trace time."""
+    if is_sentinel(m):
+        return m
+    v = static_value(m)
+    if v is not None:
+        v = np.asarray(v)
+        if v.all():
+            return ALL
+        if not v.any():
+            return NONE
+    return m
+
+
+class TFMaskAlgebra(MaskAlgebra):
+    def or_(self, a, b):
+        return tf.logical_or(a, b)
+
+    def normalize(self, mask):
+        return normalize(mask)
+
+
+ALGEBRA = TFMaskAlgebra()
+
+
+def materialize(m, like: tf.Tensor) -> tf.Tensor:
+    """A boolean tensor of ``like``'s shape for a sentinel or a mask."""
+    if m is ALL:
+        return tf.ones_like(like, dtype=tf.bool)
+    if m is NONE:
+        return tf.zeros_like(like, dtype=tf.bool)
+    return m
+
+
+def same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
+    sa, sb = a.shape, b.shape
+    return sa.is_fully_defined() and sb.is_fully_defined() and sa == sb
+
+
+def broadcast_like(m, like: tf.Tensor):
+    """``m`` broadcast to ``like``'s shape (sentinels stay sentinels)."""
+    if is_sentinel(m):
+        return m
+    if same_static_shape(m, like):
+        return m
+    return tf.broadcast_to(m, tf.shape(like))
+
+
+def and_(a, b):
+    if a is NONE or b is NONE:
+        return NONE
+    if a is ALL:
+        return b
+    if b is ALL:
+        return a
+    return normalize(tf.logical_and(a, b))
+
+
+def not_(m):
+    if m is ALL:
+        return NONE
+    if m is NONE:
+        return ALL
+    return tf.logical_not(m)
+
+
+def reduce_to(m, out: tf.Tensor, operand: tf.Tensor):
+    """OR-reduce an output-shaped mask over the dimensions ``operand`` was
+    implicitly broadcast along, back to ``operand``'s shape."""
+    if is_sentinel(m):
+        return m
+    if same_static_shape(out, operand):
+        return m
+    s_op = tf.shape(operand, out_type=tf.int32)
+    s_out = tf.shape(out, out_type=tf.int32)
+    r_op, _ = tf.raw_ops.BroadcastGradientArgs(s0=s_op, s1=s_out)
+    return normalize(tf.reshape(tf.reduce_any(m, axis=r_op), s_op))
+
+
+def to_float(m, like: tf.Tensor) -> tf.Tensor:
+    """The mask as 0/1 in ``like``'s dtype (a cotangent seed)."""
+    return tf.cast(materialize(m, like), like.dtype)

@@ -1,0 +1,34 @@
+"""Re-creating a graph operation with other inputs.
+
+Masks need two kinds of copies of an operation: a *shadow* copy computing an
+original value from gradient-stopped inputs (when the imported value sits
+downstream of a guard and reading it would close a cycle), and a *probe* copy
+whose differentiable inputs are replaced by zeros so that TF's own registered
+gradient, applied to a 0/1 cotangent, tells which input lanes the operation
+reads.  Both keep the node's attributes (``T``, ``axis``, ``keep_dims`` ...) and
+drop the private ones (``_class`` colocation, ``_output_shapes``), which name
+the original node and would be wrong for a copy.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+
+def copy_op(op: tf.Operation, inputs: Sequence[tf.Tensor], *, op_type: Optional[str] = None,
+            name: Optional[str] = None) -> tf.Operation:
+    graph = tf.compat.v1.get_default_graph()
+    attrs = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
+    base = name or ("hlo_guard_copy/" + op.name.split("/")[-1])
+    return graph._create_op_internal(  # pylint: disable=protected-access
+        op_type or op.type, list(inputs), dtypes=[t.dtype for t in op.outputs],
+        name=graph.unique_name(base, mark_as_used=False), attrs=attrs)
+
+
+def is_stateful(op: tf.Operation) -> bool:
+    """Whether running ``op`` a second time could differ or have an effect."""
+    try:
+        return bool(op._is_stateful)  # pylint: disable=protected-access
+    except AttributeError:  # pragma: no cover - unknown op kinds are assumed effectful
+        return True

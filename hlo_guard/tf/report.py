@@ -1,0 +1,154 @@
+"""Reports and IR dumps for the TF front end, in the shared report model.
+
+``report(f, *args)`` lists every guard (the guarded op, which operand, the
+selecting ops that made its lanes dead and what that means) and every place
+dead lanes reach without a guard, with the reason -- the same
+:class:`passes.report.Report` the JAX front end produces, with
+``framework="tensorflow"``.
+
+``compiler_ir(f, *args, stage=...)`` is XLA's view of the guarded jit function
+(or of its gradient), through ``experimental_get_compiler_ir``; stages
+``hlo``, ``optimized_hlo`` and ``stablehlo`` (the last works in TF 2.21 although
+TF's error text for a bad stage does not list it).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from passes.report import OriginRecord, Report, SiteRecord
+
+from hlo_guard.errors import GuardUsageError
+from hlo_guard.tf.rewrite import BuildRecord
+from hlo_guard.tf.rules import RULES
+
+STAGES = ("hlo", "optimized_hlo", "stablehlo")
+
+MEANINGS = {
+    "SelectV2": "lanes the condition does not pick",
+    "Select": "lanes the condition does not pick",
+    "Maximum": "the losing side (x wins ties, as in TF's gradient)",
+    "Minimum": "the losing side (x wins ties, as in TF's gradient)",
+    "ClipByValue": "clipped lanes",
+    "Max": "lanes that are not a maximum",
+    "Min": "lanes that are not a minimum",
+    "Relu": "lanes with a non-positive input",
+    "Relu6": "lanes outside (0, 6)",
+    "GatherV2": "elements the gather does not read",
+    "GatherNd": "elements the gather does not read",
+    "StridedSlice": "elements the slice does not read",
+    "Slice": "elements the slice does not read",
+}
+
+
+def rule_names():
+    """Every TF op type with a rule (anything else is treated as fully live)."""
+    return RULES.names()
+
+
+def _describe(graph, op_name: str) -> tuple:
+    node = graph.index.get(op_name)
+    op_type = graph.ops[node].type if node is not None else "?"
+    user = graph.user_name(op_name)
+    return f"{op_type} '{user}'", graph.location(op_name) or user, op_type
+
+
+def _origins(graph, liveness):
+    records = []
+    for origin in liveness.origins:
+        op, loc, op_type = _describe(graph, origin)
+        records.append(OriginRecord(op, loc, MEANINGS.get(op_type, "")))
+    return records
+
+
+def build_report(record: BuildRecord, function: str) -> Report:
+    if record.fallback:
+        return Report("tensorflow", function,
+                      [SiteRecord("unguarded", function, function, reason=record.fallback)],
+                      extra={"rule_table": RULES.name})
+    sites: list = []
+    _collect(record, "", sites)
+    return Report("tensorflow", function, sites,
+                  extra={"ops": record.graph.node_count(), "rule_table": RULES.name})
+
+
+def _collect(record: BuildRecord, scope: str, sites: list) -> None:
+    """Sites of one graph, then of its guarded control-flow bodies (with a scope)."""
+    graph = record.graph
+    for applied in record.applied:
+        s = applied.site
+        op, loc, _ = _describe(graph, graph.ops[s.node].name)
+        sites.append(SiteRecord("guard", op, loc, scope=scope, operand=s.index,
+                                statically_dead=applied.form == "stop_gradient",
+                                origins=_origins(graph, s.liveness)))
+    for site, reason in record.skipped:
+        op, loc, _ = _describe(graph, graph.ops[site.node].name)
+        sites.append(SiteRecord("unguarded", op, loc, scope=scope, operand=site.index,
+                                origins=_origins(graph, site.liveness), reason=reason))
+    for u in record.unguarded:
+        op, loc, _ = _describe(graph, graph.ops[u.node].name)
+        sites.append(SiteRecord("unguarded", op, loc, scope=scope,
+                                origins=_origins(graph, u.liveness), reason=u.reason))
+    for op_name, attr, sub in record.nested:
+        inner = f"{graph.user_name(op_name)}.{attr}"
+        _collect(sub, f"{scope}/{inner}" if scope else inner, sites)
+
+
+def _guard_of(fn):
+    from hlo_guard.tf.api import GuardedTFFunction
+    if isinstance(fn, GuardedTFFunction):
+        return fn
+    inner = getattr(fn, "hlo_guard", None)
+    if isinstance(inner, GuardedTFFunction):
+        return inner
+    raise GuardUsageError(
+        f"expected a function made by hlo_guard.tf.guard or guarded_function, got {fn!r}")
+
+
+def report(fn, *args, **kwargs) -> Report:
+    """The guard report of ``fn`` (a guard or guarded_function) for these arguments."""
+    return _guard_of(fn).report(*args, **kwargs)
+
+
+def _sum_outputs(out):
+    leaves = [t for t in tf.nest.flatten(out) if isinstance(t, tf.Tensor)
+              and (t.dtype.is_floating or t.dtype.is_complex)]
+    return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) for t in leaves])
+
+
+def compiler_ir(fn, *args, stage: str = "hlo", gradient: bool = False, guarded: bool = True):
+    """XLA IR of the (guarded or plain) jit function, or of its gradient.
+
+    ``gradient=True`` compiles ``tape.gradient(sum of outputs, float args)``;
+    ``guarded=False`` gives the same for the user's original function, for a
+    side-by-side diff.
+    """
+    if stage not in STAGES:
+        raise GuardUsageError(f"stage must be one of {STAGES}, got {stage!r}")
+    g = _guard_of(fn)
+    body: Callable = g.wrapper if guarded else g._tracer  # pylint: disable=protected-access
+    tensors = [tf.convert_to_tensor(a) for a in args]
+    if gradient:
+        def program(*xs):
+            with tf.GradientTape() as tape:
+                for x in xs:
+                    if x.dtype.is_floating:
+                        tape.watch(x)
+                total = _sum_outputs(body(*xs))
+            return tape.gradient(total, list(xs))
+    else:
+        def program(*xs):
+            return body(*xs)
+    jitted = tf.function(program, jit_compile=True, autograph=False)
+    return jitted.experimental_get_compiler_ir(*tensors)(stage=stage)
+
+
+def compiler_irs(fn, *args, stages: Sequence[str] = STAGES, gradient: bool = True):
+    """{(guarded|plain, stage): text} for a side-by-side look."""
+    out = {}
+    for which in ("plain", "guarded"):
+        for stage in stages:
+            out[(which, stage)] = compiler_ir(fn, *args, stage=stage, gradient=gradient,
+                                              guarded=which == "guarded")
+    return out

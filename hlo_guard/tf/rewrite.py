@@ -1,0 +1,296 @@
+"""Import the traced graph into the guarded wrapper and insert the guards.
+
+Inside the wrapper ``tf.function`` (never directly under a tape, never
+directly inside a jit function -- the wrapper is the unit that gets
+differentiated and compiled) the user's GraphDef is imported once with
+``tf.graph_util.import_graph_def``: arguments through ``input_map``, captured
+resource handles through ``tf.identity`` of the outer handle.  The imported
+operations are the program that runs; nothing is executed twice.
+
+Then, for every planned site, the consumer's input is rewired to
+
+    x_g = SelectV2(mask, x, StopGradient(x))
+
+with ``Operation._update_input``.  ``x_g`` equals ``x`` in every lane, so the
+forward values are bitwise the original ones; in the derivative the dead
+lanes' cotangent is *selected* to zero before ``0 * inf`` can leave them.
+
+Masks are built from original values.  A mask may need a value downstream of
+the very consumer it guards (``a = sqrt(x); where(a == max(a), ...)``):
+reading the imported tensor there would make the graph cyclic, so values
+downstream of any guarded consumer are recomputed on the side ("shadow"
+copies of stateless ops from gradient-stopped inputs; XLA's CSE merges them
+with the originals).  A mask that would need a stateful op twice (a random
+draw, a variable update) is not built: that guard is skipped and reported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import tensorflow as tf
+
+from passes.analysis import Analysis, analyze
+from passes.masks import ALL, NONE, MaskResolver
+from passes.planning import GuardSite, UnguardedSite, plan_guards
+
+from hlo_guard.tf.graph import TFGraph, is_inexact
+from hlo_guard.tf.mask_ops import ALGEBRA
+from hlo_guard.tf.opcopy import copy_op, is_stateful
+from hlo_guard.tf.rules import RULES
+from hlo_guard.tf.tracing import TracedFunction
+
+
+class ShadowUnavailable(Exception):
+    """A mask needs a value that cannot be computed a second time."""
+
+
+@dataclass
+class AppliedGuard:
+    site: GuardSite
+    form: str  # "select" (per-lane mask) or "stop_gradient" (every lane dead)
+
+
+@dataclass
+class BuildRecord:
+    """What one trace of the guarded wrapper did (for reports)."""
+    graph: Optional[TFGraph]
+    analysis: Optional[Analysis]
+    applied: List[AppliedGuard] = field(default_factory=list)
+    unguarded: List[UnguardedSite] = field(default_factory=list)
+    skipped: List[Tuple[GuardSite, str]] = field(default_factory=list)
+    #: non-empty when the whole function was left unguarded, and why
+    fallback: str = ""
+    #: guarded control-flow bodies: (op name, attr, BuildRecord)
+    nested: List[Tuple[str, str, "BuildRecord"]] = field(default_factory=list)
+
+
+def import_traced(traced: TracedFunction, flat_args: Sequence[tf.Tensor],
+                  scope: str = "hlo_guard") -> Tuple[List[tf.Operation], List[tf.Tensor], str]:
+    """Import the traced GraphDef into the current graph; (ops, outputs, prefix)."""
+    if len(flat_args) != len(traced.arg_names):
+        raise ValueError(f"the traced function takes {len(traced.arg_names)} tensor "
+                         f"argument(s), got {len(flat_args)}")
+    input_map = dict(zip(traced.arg_names, flat_args))
+    for external, internal in traced.captures:
+        input_map[internal] = tf.identity(external)
+    return _import(traced.graph_def, input_map, traced.output_names, scope)
+
+
+def _import(graph_def, input_map, output_names, scope):
+    """Import without the mapped placeholders: a dangling ``Placeholder`` in a
+    function body would reach XLA when TF rewrites an ``If`` for its gradient."""
+    mapped = {name.split(":")[0] for name in input_map}
+    trimmed = type(graph_def)()
+    trimmed.versions.CopyFrom(graph_def.versions)
+    trimmed.library.CopyFrom(graph_def.library)
+    removed = {n.name for n in graph_def.node if n.name in mapped and n.op == "Placeholder"}
+    for n in graph_def.node:
+        if n.name in removed:
+            continue
+        node = trimmed.node.add()
+        node.CopyFrom(n)
+        if "_class" in node.attr:  # colocation with a removed placeholder
+            keep = [c for c in node.attr["_class"].list.s
+                    if c.decode(errors="replace")[len("loc:@"):] not in removed]
+            if keep:
+                del node.attr["_class"].list.s[:]
+                node.attr["_class"].list.s.extend(keep)
+            else:
+                del node.attr["_class"]
+    node_names = [n.name for n in trimmed.node]
+    ops = tf.graph_util.import_graph_def(trimmed, input_map=input_map,
+                                         return_elements=node_names, name=scope)
+    graph = tf.compat.v1.get_default_graph()
+    prefix = ops[0].name[:len(ops[0].name) - len(node_names[0])] if ops else \
+        graph.unique_name(scope, mark_as_used=False) + "/"
+    outputs = [input_map[n] if n in input_map else graph.get_tensor_by_name(prefix + n)
+               for n in output_names]
+    return list(ops), outputs, prefix
+
+
+class Builder:
+    """Masks and guards for one imported graph (the ``mctx`` rules read)."""
+
+    def __init__(self, graph: TFGraph, analysis: Analysis):
+        self.graph = graph
+        self.analysis = analysis
+        sites, unguarded = plan_guards(analysis)
+        self.sites: List[GuardSite] = sites
+        self.record = BuildRecord(graph, analysis, unguarded=list(unguarded))
+        self.original_inputs = [list(op.inputs) for op in graph.ops]
+        self.downstream = self._descendants({s.node for s in sites if not s.statically_dead})
+        self._values: Dict[str, tf.Tensor] = {}
+        #: outputs of operations swapped for a guarded copy (old name -> new tensor)
+        self.replaced: Dict[str, tf.Tensor] = {}
+        n_out = len(graph.graph_outputs())
+        self.resolver = MaskResolver(analysis, ALGEBRA, [ALL] * n_out, self._input_masks)
+
+    # -- values --------------------------------------------------------------------
+    def _descendants(self, roots: Set[int]) -> Set[int]:
+        consumers: Dict[str, List[int]] = {}
+        for n, op in enumerate(self.graph.ops):
+            for t in op.inputs:
+                consumers.setdefault(t.op.name, []).append(n)
+            for c in op.control_inputs:
+                consumers.setdefault(c.name, []).append(n)
+        seen = set(roots)
+        stack = list(roots)
+        while stack:
+            n = stack.pop()
+            for k in consumers.get(self.graph.ops[n].name, ()):
+                if k not in seen:
+                    seen.add(k)
+                    stack.append(k)
+        return seen
+
+    def value(self, t) -> tf.Tensor:
+        """The original value of tensor ``t`` (a tensor or its name), gradient-stopped."""
+        name = t if isinstance(t, str) else t.name
+        hit = self._values.get(name)
+        if hit is not None:
+            return hit
+        stack = [name]
+        while stack:
+            cur = stack[-1]
+            if cur in self._values:
+                stack.pop()
+                continue
+            prod = self.graph.producer(cur)
+            if prod is None or prod[0] not in self.downstream:
+                tensor = self.graph.tensors.get(cur)
+                if tensor is None:
+                    tensor = tf.compat.v1.get_default_graph().get_tensor_by_name(cur)
+                self._values[cur] = tf.stop_gradient(tensor) if is_inexact(tensor.dtype) \
+                    else tensor
+                stack.pop()
+                continue
+            node, _ = prod
+            op = self.graph.op(node)
+            inputs = self.original_inputs[node]
+            missing = [x.name for x in inputs if x.name not in self._values]
+            if missing:
+                stack.extend(missing)
+                continue
+            if is_stateful(op):
+                raise ShadowUnavailable(
+                    f"the mask needs the result of stateful '{op.type}' "
+                    f"('{self.graph.user_name(op.name)}'), which must run exactly once")
+            with tf.name_scope("hlo_guard_shadow"):
+                copy = copy_op(op, [self._values[x.name] for x in inputs])
+            for orig, new in zip(op.outputs, copy.outputs):
+                self._values[orig.name] = new
+            stack.pop()
+        return self._values[name]
+
+    # -- masks -----------------------------------------------------------------------
+    def _input_masks(self, node: int, out_masks):
+        op = self.graph.op(node)
+        rule = RULES.get(op.type)
+        return rule.input_masks(self, node, op, out_masks)
+
+    # -- guards ----------------------------------------------------------------------
+    def apply(self) -> BuildRecord:
+        """Create every guard, then rewire the consumers (masks first: no
+        mask may see a half-rewired graph)."""
+        pending = []
+        for site in self.sites:
+            x = self.original_inputs[site.node][site.index]
+            with tf.name_scope("hlo_guard_guard"):
+                if site.statically_dead:
+                    pending.append((site, tf.stop_gradient(x), "stop_gradient"))
+                    continue
+                try:
+                    x, mask = self._guard_operand(site, x)
+                except ShadowUnavailable as exc:
+                    self.record.skipped.append((site, str(exc)))
+                    continue
+                if mask is ALL:
+                    continue
+                if mask is NONE:
+                    pending.append((site, tf.stop_gradient(x), "stop_gradient"))
+                    continue
+                guarded = tf.raw_ops.SelectV2(condition=mask, t=x, e=tf.stop_gradient(x))
+                pending.append((site, guarded, "select"))
+        by_node: Dict[int, list] = {}
+        for site, guarded, form in pending:
+            by_node.setdefault(site.node, []).append((site.index, guarded))
+            self.record.applied.append(AppliedGuard(site, form))
+        for node, items in by_node.items():
+            op = self.graph.op(node)
+            if all(op.inputs[i].shape.is_compatible_with(g.shape) for i, g in items):
+                for i, g in items:
+                    op._update_input(i, g)  # pylint: disable=protected-access
+            else:
+                self._replace(op, dict(items))
+        return self.record
+
+    def _replace(self, op: tf.Operation, new_inputs: Dict[int, tf.Tensor]) -> None:
+        """Swap ``op`` for a copy reading ``new_inputs`` (an input edge cannot
+        change rank in place), and move every consumer -- guards included --
+        to the copy's outputs."""
+        inputs = [new_inputs.get(i, t) for i, t in enumerate(op.inputs)]
+        with tf.name_scope("hlo_guard_guarded"):
+            new_op = copy_op(op, inputs, name=op.name.split("/")[-1])
+        for old, new in zip(op.outputs, new_op.outputs):
+            for consumer in old.consumers():
+                for k, t in enumerate(consumer.inputs):
+                    if t.name == old.name:
+                        consumer._update_input(k, new)  # pylint: disable=protected-access
+            self.replaced[old.name] = new
+        for consumer in op._control_outputs:  # pylint: disable=protected-access
+            consumer._add_control_input(new_op)  # pylint: disable=protected-access
+
+
+    def _guard_operand(self, site: GuardSite, x: tf.Tensor):
+        """(operand to guard, its mask).
+
+        An operand that the op broadcasts implicitly (``y`` of shape [3] in
+        ``log(x) * y`` with x of shape [2, 3]) cannot be guarded at its own
+        shape: one of its lanes feeds live and dead output lanes alike, and the
+        dead ones' ``0 * -inf`` is summed into it.  Such an operand is
+        broadcast to the output shape first and guarded there with the
+        output-shaped mask; the value is unchanged and the op sees the same
+        broadcast result.
+        """
+        op = self.graph.op(site.node)
+        rule = RULES.get(op.type)
+        out = op.outputs[0]
+        lane_mask = getattr(rule, "lane_mask", None)
+        if lane_mask is None or _same_static_shape(x, out):
+            return x, self.resolver.use_mask(site.node, site.index)
+        out_masks = [self.resolver.value_mask(v) for v in self.graph.node_outputs(site.node)]
+        mask = lane_mask(self, site.node, op, site.index, out_masks)
+        if mask is ALL or mask is NONE:
+            return x, mask
+        return tf.broadcast_to(x, tf.shape(mask)), mask
+
+
+def _same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
+    return a.shape.is_fully_defined() and b.shape.is_fully_defined() and a.shape == b.shape
+
+
+def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth):
+    graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
+    analysis = analyze(graph, RULES)
+    builder = Builder(graph, analysis)
+    record = builder.apply()
+    outputs = [builder.replaced.get(t.name, t) for t in outputs]
+    from hlo_guard.tf.control import guard_bodies
+    record.nested = guard_bodies(graph, library, body_locations, depth)
+    return outputs, record
+
+
+def build_guarded(traced: TracedFunction, flat_args: Sequence[tf.Tensor]):
+    """Import, analyse, guard.  Returns (flat outputs, BuildRecord)."""
+    ops, outputs, prefix = import_traced(traced, flat_args)
+    return _guard_graph(ops, outputs, traced.graph_def.library, traced.locations,
+                        traced.body_locations, prefix, 0)
+
+
+def build_body(graph_def, in_names, out_names, args, library, body_locations, name, depth):
+    """The same for a control-flow body (its outputs fully live)."""
+    ops, outputs, prefix = _import(graph_def, dict(zip(in_names, args)), out_names,
+                                   "hlo_guard_body")
+    return _guard_graph(ops, outputs, library, body_locations.get(name, {}), body_locations,
+                        prefix, depth)

@@ -1,0 +1,130 @@
+"""Elementwise operations: an input lane is live where the output lane is.
+
+Binary TF ops broadcast implicitly (NumPy rules), so an operand's mask is the
+output mask OR-reduced over the dimensions it was broadcast along.
+
+Which ones need a guard mirrors the JAX table: operations whose local
+derivative is a finite constant (``AddV2``, ``Sub``, ``Neg``, ``Identity``,
+``Cast`` ...) pass an exact zero cotangent through and need none; everything
+else (``Mul``: its derivative is the other operand, which can be inf; ``Sqrt``,
+``Log``, ``RealDiv``, ``Pow``, ``Acos``, ``Atan2``, ``Exp`` ...) gets one.
+
+Zero-derivative operations are those whose registered TF gradient is ``None``
+or ``zeros_like`` (``Floor``, ``Sign``, ``StopGradient``, ``ZerosLike`` ...,
+checked against ``math_grad.py``/``array_grad.py`` of TF 2.21); comparisons
+and ``IsFinite`` produce booleans and never carry a derivative anyway.
+"""
+from __future__ import annotations
+
+from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.masks import ALL, NONE
+
+from hlo_guard.tf.mask_ops import reduce_to
+from hlo_guard.tf.rules.base import TFRule, joined, n_inputs, or_all
+
+
+class Elementwise(TFRule):
+    kind = "elementwise"
+
+    def __init__(self, guards: bool):
+        self.guards = guards
+
+    def transfer(self, analysis, node, outs):
+        return [joined(outs)] * n_inputs(analysis, node)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        out = or_all(out_masks)
+        out_value = mctx.value(op.outputs[0])
+        return [reduce_to(out, out_value, mctx.value(t)) for t in op.inputs]
+
+    def lane_mask(self, mctx, node, op, index, out_masks):
+        """The mask at the *output* shape, for guarding a broadcast operand."""
+        return or_all(out_masks)
+
+
+class IdentityN(TFRule):
+    """``IdentityN``: output i is input i.
+
+    ``tf.custom_gradient`` is an ``IdentityN`` whose gradient is overridden
+    (attribute ``_gradient_op_type``): what the user's rule sends where is
+    unknown, so its inputs are kept fully live and the site is reported.
+    """
+    kind = "elementwise"
+
+    def transfer(self, analysis, node, outs):
+        op = analysis.graph.op(node)
+        if _has_custom_gradient(op):
+            out = joined(outs)
+            if out.reaches_output and not out.is_live:
+                analysis.note_unreached(
+                    node, "tf.custom_gradient: the user's gradient is opaque; "
+                    "inputs kept fully live", out)
+            return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(op.inputs)
+        return list(outs)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        if _has_custom_gradient(op):
+            return [ALL] * len(op.inputs)
+        return list(out_masks)
+
+
+def _has_custom_gradient(op) -> bool:
+    try:
+        op.get_attr("_gradient_op_type")
+        return True
+    except ValueError:
+        return False
+
+
+class ZeroDerivative(TFRule):
+    """TF registers no (or a zero) gradient: nothing flows back."""
+    kind = "zero-derivative"
+
+    def transfer(self, analysis, node, outs):
+        return [NO_DERIVATIVE] * n_inputs(analysis, node)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        return [NONE] * len(op.inputs)
+
+
+# Derivative is a finite constant: a zero cotangent stays exactly zero.
+LINEAR = [
+    "Add", "AddV2", "Sub", "Neg", "Identity", "Snapshot", "Cast", "Real", "Imag",
+    "Conj", "Complex", "AddN", "EnsureShape", "CheckNumerics", "CheckNumericsV2",
+    "PlaceholderWithDefault", "PreventGradient",
+]
+
+# Local derivative may be non-finite (or is another operand that may be).
+NONLINEAR = [
+    "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "FloorMod", "Mod", "TruncateMod",
+    "Pow", "Square", "SquaredDifference", "Sqrt", "Rsqrt", "Reciprocal", "Inv",
+    "Exp", "Expm1", "Log", "Log1p", "Sigmoid", "Tanh", "Sin", "Cos", "Tan",
+    "Asin", "Acos", "Atan", "Atan2", "Asinh", "Acosh", "Atanh", "Sinh", "Cosh",
+    "Abs", "ComplexAbs", "Erf", "Erfc", "Erfinv", "Ndtri", "Lgamma", "Digamma",
+    "Igamma", "Igammac", "Polygamma", "Zeta", "Betainc", "Softplus", "Softsign",
+    "Elu", "Selu", "LeakyRelu", "Xdivy", "Xlogy", "Xlog1py",
+    "BesselI0e", "BesselI1e", "Angle",
+]
+
+# Registered gradient is None or zeros_like (TF 2.21 math_grad/array_grad).
+ZERO_DERIVATIVE = [
+    "Floor", "Ceil", "Round", "Rint", "Sign", "StopGradient", "ZerosLike", "OnesLike",
+    "FloorDiv", "TruncateDiv", "Equal", "NotEqual", "Less", "LessEqual", "Greater",
+    "GreaterEqual", "ApproximateEqual", "IsFinite", "IsNan", "IsInf", "LogicalAnd",
+    "LogicalOr", "LogicalNot", "ArgMax", "ArgMin", "Shape", "ShapeN", "Size", "Rank",
+    "OneHot", "RandomUniform", "RandomStandardNormal", "TruncatedNormal",
+    "StatelessRandomUniform", "StatelessRandomNormal", "StatelessRandomUniformV2",
+    "StatelessRandomNormalV2", "StatelessTruncatedNormal", "StatelessTruncatedNormalV2",
+    "Range", "LinSpace",
+]
+
+# No differentiable input: nothing to analyse, nothing to report.
+SOURCES = ["Const", "Placeholder", "VarHandleOp", "ReadVariableOp", "NoOp"]
+
+
+def register(table):
+    table.register(LINEAR, Elementwise(guards=False))
+    table.register(NONLINEAR, Elementwise(guards=True))
+    table.register(ZERO_DERIVATIVE, ZeroDerivative())
+    table.register(SOURCES, ZeroDerivative())
+    table.register("IdentityN", IdentityN())

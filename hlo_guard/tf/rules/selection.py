@@ -1,0 +1,156 @@
+"""Selecting operations: where lanes die.
+
+Each rule restates the convention of TF's own registered gradient (TF 2.21
+``math_grad.py``, ``clip_ops.py``, ``nn_grad.py``), because a lane TF
+differentiates must never be marked dead:
+
+* ``SelectV2(c, t, e)``: ``t`` gets the cotangent where ``c``, ``e`` where not
+  (``where_v2``, then reduced over broadcast dimensions).  ``Select`` (v1) also
+  accepts a rank-1 condition that picks rows.  TF's gradient selects, so no
+  guard is needed *at* the select; the guards go on the ops that computed the
+  cases.
+* ``Maximum(x, y)``: ``x`` where ``x >= y`` (x wins ties), ``y`` where
+  ``x < y``; ``Minimum``: ``x`` where ``x <= y``, ``y`` where ``x > y``
+  (``_MaximumMinimumGrad``).  Guarded, as in the JAX front end.
+* ``ClipByValue(t, lo, hi)``: ``t`` where ``lo <= t <= hi``, ``lo`` where
+  ``t < lo``, ``hi`` where ``t > hi`` (``_clip_by_value_grad``, which selects).
+* ``Max``/``Min`` reductions: lanes equal to the result, ties share
+  (``_MinOrMaxGrad`` multiplies by the indicator -- guarded).
+* ``Relu``/``Relu6``: lanes whose output is in ``(0, 6)`` / ``> 0``
+  (``ReluGrad``/``Relu6Grad`` read the output).  The CPU kernels multiply by
+  the 0/1 indicator, so the input is guarded.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.ops import math_ops
+
+from passes.lattice import NO_DERIVATIVE, partial_by
+from passes.masks import ALL, NONE
+
+from hlo_guard.tf.mask_ops import and_, broadcast_like, normalize, not_, reduce_to
+from hlo_guard.tf.rules.base import TFRule, dropping, joined
+
+
+def _condition(op, cond: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+    """The condition broadcast to the output (v1 ``Select`` picks rows with a vector)."""
+    if op.type == "Select" and cond.shape.rank == 1 and (out.shape.rank or 0) > 1:
+        cond = tf.reshape(cond, tf.concat([[-1], tf.ones([out.shape.rank - 1], tf.int32)], 0))
+    return broadcast_like(normalize(cond), out)
+
+
+class Select(TFRule):
+    kind = "selection"
+
+    def transfer(self, analysis, node, outs):
+        out = joined(outs)
+        if not out.reaches_output:
+            return [NO_DERIVATIVE] * 3
+        origin = analysis.graph.origin(node)
+        case = out.with_origin(origin) if out.is_dead else partial_by(origin, out)
+        return [NO_DERIVATIVE, case, case]
+
+    def input_masks(self, mctx, node, op, out_masks):
+        out_mask = out_masks[0]
+        out = mctx.value(op.outputs[0])
+        chosen = _condition(op, mctx.value(op.inputs[0]), out)
+        t_mask = and_(out_mask, chosen)
+        e_mask = and_(out_mask, not_(chosen))
+        return [NONE,
+                reduce_to(t_mask, out, mctx.value(op.inputs[1])),
+                reduce_to(e_mask, out, mctx.value(op.inputs[2]))]
+
+
+class MaximumMinimum(TFRule):
+    kind = "selection"
+    guards = True
+
+    def __init__(self, x_wins):
+        self.x_wins = x_wins  # tf.greater_equal for Maximum, tf.less_equal for Minimum
+
+    def transfer(self, analysis, node, outs):
+        lv = dropping(analysis, node, joined(outs))
+        return [lv, lv]
+
+    def _chosen(self, mctx, op):
+        out = mctx.value(op.outputs[0])
+        x, y = (mctx.value(t) for t in op.inputs)
+        xmask = broadcast_like(normalize(self.x_wins(x, y)), out)
+        return out, x, y, xmask
+
+    def input_masks(self, mctx, node, op, out_masks):
+        out, x, y, xmask = self._chosen(mctx, op)
+        return [reduce_to(and_(out_masks[0], xmask), out, x),
+                reduce_to(and_(out_masks[0], not_(xmask)), out, y)]
+
+    def lane_mask(self, mctx, node, op, index, out_masks):
+        """The mask at the *output* shape, for guarding a broadcast operand."""
+        _, _, _, xmask = self._chosen(mctx, op)
+        return and_(out_masks[0], xmask if index == 0 else not_(xmask))
+
+
+class ClipByValue(TFRule):
+    kind = "selection"
+
+    def transfer(self, analysis, node, outs):
+        lv = dropping(analysis, node, joined(outs))
+        return [lv, lv, lv]
+
+    def input_masks(self, mctx, node, op, out_masks):
+        out = mctx.value(op.outputs[0])
+        t, lo, hi = (mctx.value(x) for x in op.inputs)
+        below = broadcast_like(normalize(tf.less(t, lo)), out)
+        above = broadcast_like(normalize(tf.greater(t, hi)), out)
+        inside = and_(not_(below), not_(above))
+        m = out_masks[0]
+        return [reduce_to(and_(m, inside), out, t),
+                reduce_to(and_(m, below), out, lo),
+                reduce_to(and_(m, above), out, hi)]
+
+
+class ReduceChooser(TFRule):
+    """``Max``/``Min``: live where the element equals the reduced result."""
+    kind = "selection"
+    guards = True
+
+    def transfer(self, analysis, node, outs):
+        return [dropping(analysis, node, joined(outs)), NO_DERIVATIVE]
+
+    def input_masks(self, mctx, node, op, out_masks):
+        x = mctx.value(op.inputs[0])
+        axes = mctx.value(op.inputs[1])
+        y = mctx.value(op.outputs[0])
+        kept = math_ops.reduced_shape(tf.shape(x), axes)
+        chosen = normalize(tf.equal(x, tf.reshape(y, kept)))
+        out = out_masks[0]
+        if out is not ALL and out is not NONE:
+            out = tf.broadcast_to(tf.reshape(out, kept), tf.shape(x))
+        return [and_(out, chosen), NONE]
+
+
+class Relu(TFRule):
+    kind = "selection"
+    guards = True
+
+    def __init__(self, upper=None):
+        self.upper = upper
+
+    def transfer(self, analysis, node, outs):
+        return [dropping(analysis, node, joined(outs))]
+
+    def input_masks(self, mctx, node, op, out_masks):
+        y = mctx.value(op.outputs[0])
+        chosen = tf.greater(y, tf.zeros([], y.dtype))
+        if self.upper is not None:
+            chosen = tf.logical_and(chosen, tf.less(y, tf.cast(self.upper, y.dtype)))
+        return [and_(out_masks[0], normalize(chosen))]
+
+
+def register(table):
+    table.register(["SelectV2", "Select"], Select())
+    table.register("Maximum", MaximumMinimum(tf.greater_equal))
+    table.register("Minimum", MaximumMinimum(tf.less_equal))
+    table.register("ClipByValue", ClipByValue())
+    table.register(["Max", "Min"], ReduceChooser())
+    table.register("Relu", Relu())
+    table.register("Relu6", Relu(6))

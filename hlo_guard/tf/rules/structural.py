@@ -1,0 +1,193 @@
+"""Structural operations: lanes move, merge or are dropped.
+
+For every operation here TF's derivative is a linear map with 0/1 (or
+positive) coefficients -- gather, slices, concat, stack, reshape, transpose,
+broadcast, tile, pad, sums and means -- or becomes one when the other operand
+of a bilinear operation (``MatMul``, ``BatchMatMulV2``, ``Conv2D``) is replaced
+by ones.  So one generic rule serves them all: build a *probe* copy of the
+operation whose differentiable inputs are zeros, and ask TF's own registered
+gradient (``tf.gradients``) what it sends back for the 0/1 output mask; an
+input lane is live iff that is non-zero.  Because it *is* TF's gradient, the
+mask follows TF's conventions (negative strides, out-of-range gather indices,
+duplicate indices) without restating them, and it works for dynamic shapes.
+
+Reshape-like operations keep a cheaper boolean reshape/transpose.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import tensorflow as tf
+
+from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.masks import ALL, NONE
+
+from hlo_guard.tf.graph import is_inexact
+from hlo_guard.tf.mask_ops import is_sentinel, normalize, to_float
+from hlo_guard.tf.opcopy import copy_op
+from hlo_guard.tf.rules.base import TFRule, dropping, joined
+
+
+def _never(op, i):
+    return False
+
+
+def _always(op, i):
+    return True
+
+
+class Structural(TFRule):
+    """A lane of an input is live if any live output lane reads it.
+
+    ``drops(op, i)`` says whether input ``i`` can have lanes no output reads
+    (a slice, a gather, the padding constant); only then does a fully live
+    output make the input partly dead.
+    """
+    kind = "structural"
+
+    def __init__(self, drops: Callable = _never, *, guards: bool = False,
+                 bilinear: bool = False, probe_type: Optional[str] = None):
+        self.drops = drops
+        self.guards = guards
+        self.bilinear = bilinear
+        self.probe_type = probe_type  # e.g. Prod probed as Sum
+
+    def transfer(self, analysis, node, outs):
+        op = analysis.graph.op(node)
+        out = joined(outs)
+        any_unused = any(not o.reaches_output for o in outs)
+        result = []
+        for i, t in enumerate(op.inputs):
+            if not is_inexact(t.dtype) or not out.reaches_output:
+                result.append(NO_DERIVATIVE)
+            elif self.drops(op, i) or any_unused or out.is_dead:
+                result.append(dropping(analysis, node, out))
+            else:
+                result.append(out)
+        return result
+
+    def input_masks(self, mctx, node, op, out_masks):
+        return probe_masks(mctx, op, out_masks, bilinear=self.bilinear,
+                           probe_type=self.probe_type)
+
+
+def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None) -> List:
+    diff = [i for i, t in enumerate(op.inputs) if is_inexact(t.dtype)]
+    n = len(op.inputs)
+    if not diff or all(m is NONE for m in out_masks):
+        return [NONE] * n
+    vals = [mctx.value(t) for t in op.inputs]
+    outs_v = [mctx.value(t) for t in op.outputs]
+    found = {}
+    groups = [[i] for i in diff] if bilinear else [diff]
+    with tf.name_scope("hlo_guard_probe"):
+        for group in groups:
+            args = list(vals)
+            zeros = {}
+            for i in diff:
+                if i in group:
+                    zeros[i] = args[i] = tf.zeros_like(vals[i])
+                elif bilinear:
+                    args[i] = tf.ones_like(vals[i])
+                else:
+                    zeros[i] = args[i] = tf.zeros_like(vals[i])
+            probe = copy_op(op, args, op_type=probe_type)
+            ys, seeds = [], []
+            for t, v, m in zip(probe.outputs, outs_v, out_masks):
+                if is_inexact(t.dtype) and m is not NONE:
+                    ys.append(t)
+                    seeds.append(to_float(m, v))
+            if not ys:
+                continue
+            grads = tf.gradients(ys, [zeros[i] for i in group], grad_ys=seeds)
+            for i, g in zip(group, grads):
+                if g is None:
+                    found[i] = NONE
+                else:
+                    g = tf.convert_to_tensor(g)
+                    found[i] = normalize(tf.not_equal(g, tf.zeros([], g.dtype)))
+    return [found.get(i, NONE) for i in range(n)]
+
+
+class ReshapeLike(Structural):
+    """Reshape/ExpandDims/Squeeze/Identity-shaped: the mask is reshaped back."""
+
+    def input_masks(self, mctx, node, op, out_masks):
+        m = out_masks[0]
+        masks = [NONE] * len(op.inputs)
+        masks[0] = m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.inputs[0])))
+        return masks
+
+
+class Transpose(Structural):
+    def input_masks(self, mctx, node, op, out_masks):
+        m = out_masks[0]
+        if is_sentinel(m):
+            return [m, NONE]
+        perm = mctx.value(op.inputs[1])
+        return [tf.transpose(m, tf.math.invert_permutation(perm)), NONE]
+
+
+class Conservative(TFRule):
+    """Known but not followed: inputs fully live, and the report says why."""
+    kind = "conservative"
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def transfer(self, analysis, node, outs):
+        out = joined(outs)
+        if out.reaches_output and not out.is_live:
+            analysis.note_unreached(node, self.reason, out)
+        n = len(analysis.graph.node_inputs(node))
+        return [LIVE if out.reaches_output else NO_DERIVATIVE] * n
+
+    def input_masks(self, mctx, node, op, out_masks):
+        return [ALL] * len(op.inputs)
+
+
+def _padv2_drops(op, i):
+    return i == 2  # the constant value reaches only the padding lanes
+
+
+def _scatter_update_drops(op, i):
+    return True  # overwritten operand lanes; updates may collide
+
+
+def register(table):
+    table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
+    table.register("Transpose", Transpose())
+    same = Structural()
+    table.register(["ConcatV2", "Concat", "Pack", "BroadcastTo", "Tile", "Pad",
+                    "MirrorPad", "Reverse", "ReverseV2", "Sum", "Mean", "Cumsum",
+                    "BiasAdd", "BiasAddV1", "Fill", "Roll", "ScatterNd",
+                    "TensorScatterAdd", "UnsortedSegmentSum", "SegmentSum",
+                    "MatrixDiag", "MatrixDiagV3", "MatrixDiagPart", "MatrixDiagPartV3",
+                    "SpaceToDepth", "DepthToSpace", "Unpack", "Split", "SplitV",
+                    "ReverseSequence"], same)
+    table.register(["GatherV2", "Gather", "GatherNd", "StridedSlice", "Slice",
+                    "ResourceGather"], Structural(_always))
+    table.register("PadV2", Structural(_padv2_drops))
+    table.register(["TensorScatterUpdate"], Structural(_scatter_update_drops))
+    # nonlinear reductions: the structure of a sum, but the derivative multiplies
+    table.register("Prod", Structural(guards=True, probe_type="Sum"))
+    table.register("Cumprod", Structural(guards=True, probe_type="Cumsum"))
+    # bilinear: the other operand replaced by ones
+    table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"],
+                   Structural(guards=True, bilinear=True))
+    table.register(["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
+                   Structural(_always, guards=True, bilinear=True))
+    # lanes mix nonlinearly along an axis: not followed
+    for name in ["Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
+                 "SparseSoftmaxCrossEntropyWithLogits", "TopKV2", "Sort",
+                 "Cholesky", "MatrixInverse", "MatrixDeterminant", "Svd", "Qr",
+                 "SelfAdjointEigV2", "Einsum", "FusedBatchNormV3", "FusedBatchNorm"]:
+        table.register(name, Conservative(f"{name}: lanes mix nonlinearly; inputs kept fully live"))
+    boundary = ("control flow '{}': its bodies are guarded inside, but dead lanes "
+                "are not followed across the boundary; its inputs are kept fully live")
+    for name in ["If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"]:
+        table.register(name, Conservative(boundary.format(name)))
+    opaque = ("call '{}' was not inlined; neither its body nor its boundary is "
+              "rewritten; its inputs are kept fully live")
+    for name in ["PartitionedCall", "StatefulPartitionedCall"]:
+        table.register(name, Conservative(opaque.format(name)))
