@@ -1,0 +1,404 @@
+"""Unit tests of the framework-neutral engine in ``passes/``.
+
+The engine must not need JAX or TensorFlow: these tests implement the
+:class:`passes.Graph` protocol with a tiny hand-built graph of named values,
+a toy rule table (select, a guarded "sqrt", a linear "neg"/"add", a static
+"slice") and numpy masks, and check the lattice, the static analysis, guard
+planning and :class:`passes.MaskResolver` against expectations worked out by
+hand.
+"""
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from passes import (ALL, LIVE, NONE, NO_DERIVATIVE, Level, MaskAlgebra,
+                    MaskResolver, Rule, RuleTable, analyze, dead_by, partial_by,
+                    plan_guards)
+from passes.lattice import MAX_ORIGINS, join_all
+
+
+# -- a fake front end -------------------------------------------------------------
+
+@dataclass
+class Node:
+    op: str
+    inputs: List[Optional[str]]
+    outputs: List[Optional[str]]
+    params: Dict[str, Any] = field(default_factory=dict)
+
+
+class FakeGraph:
+    """Values are strings; ``int_values`` never carry a derivative."""
+
+    def __init__(self, nodes: Sequence[Node], outputs: Sequence[str], int_values=()):
+        self.nodes = list(nodes)
+        self.outputs = list(outputs)
+        self.int_values = set(int_values)
+
+    def node_count(self):
+        return len(self.nodes)
+
+    def op_name(self, node):
+        return self.nodes[node].op
+
+    def node_inputs(self, node):
+        return self.nodes[node].inputs
+
+    def node_outputs(self, node):
+        return self.nodes[node].outputs
+
+    def graph_outputs(self):
+        return self.outputs
+
+    def carries_derivative(self, value):
+        return value not in self.int_values
+
+    def origin(self, node):
+        return ("node", node)
+
+
+class ToyRule(Rule):
+    def masks(self, graph, node, out_masks):
+        raise NotImplementedError
+
+
+class Elementwise(ToyRule):
+    kind = "elementwise"
+
+    def __init__(self, guards):
+        self.guards = guards
+
+    def transfer(self, ctx, node, outs):
+        return [join_all(outs)] * len(ctx.graph.node_inputs(node))
+
+    def guards_input(self, ctx, node, index):
+        return self.guards
+
+    def masks(self, graph, node, out_masks):
+        return [out_masks[0]] * len(graph.node_inputs(node))
+
+
+class Select(ToyRule):
+    """select(p, a, b): a where p, b elsewhere.  ``params['p']`` is the
+    predicate as a numpy array, or a Python bool for a constant predicate."""
+    kind = "selection"
+
+    def transfer(self, ctx, node, outs):
+        out = join_all(outs)
+        origin = ctx.graph.origin(node)
+        p = ctx.graph.nodes[node].params["p"]
+        if not out.reaches_output:
+            return [NO_DERIVATIVE] * 3
+        if isinstance(p, bool):
+            live, dead = (out, dead_by(origin))
+            return [NO_DERIVATIVE] + ([live, dead] if p else [dead, live])
+        return [NO_DERIVATIVE, partial_by(origin, out), partial_by(origin, out)]
+
+    def masks(self, graph, node, out_masks):
+        p = np.asarray(graph.nodes[node].params["p"])
+        return [NONE, and_mask(out_masks[0], p), and_mask(out_masks[0], ~p)]
+
+
+class Slice(ToyRule):
+    """Keeps the lanes in ``params['keep']`` (a static boolean mask) and zeroes
+    the rest: shape-preserving, so that masks stay simple."""
+    kind = "structural"
+
+    def transfer(self, ctx, node, outs):
+        return [partial_by(ctx.graph.origin(node), join_all(outs))]
+
+    def masks(self, graph, node, out_masks):
+        keep = graph.nodes[node].params["keep"]
+        return [and_mask(out_masks[0], keep)]
+
+
+def and_mask(a, b):
+    if a is NONE:
+        return NONE
+    b = np.asarray(b, dtype=bool)
+    return normalize(b if a is ALL else np.logical_and(np.asarray(a, dtype=bool), b))
+
+
+def normalize(m):
+    if m is ALL or m is NONE:
+        return m
+    m = np.asarray(m, dtype=bool)
+    if m.all():
+        return ALL
+    if not m.any():
+        return NONE
+    return m
+
+
+class NumpyAlgebra(MaskAlgebra):
+    def or_(self, a, b):
+        return np.logical_or(a, b)
+
+    def normalize(self, mask):
+        return normalize(mask)
+
+
+def toy_rules():
+    table = RuleTable("toy")
+    table.register(["sqrt", "log"], Elementwise(guards=True))
+    table.register(["neg", "add"], Elementwise(guards=False))
+    table.register("select", Select())
+    table.register("slice", Slice())
+    return table
+
+
+def resolver_for(analysis, out_masks=None, calls=None):
+    graph = analysis.graph
+    rules = analysis.rules
+    if out_masks is None:
+        out_masks = [ALL] * len(graph.graph_outputs())
+
+    def hook(node, outs):
+        if calls is not None:
+            calls.append(node)
+        return rules.get(graph.op_name(node)).masks(graph, node, outs)
+
+    return MaskResolver(analysis, NumpyAlgebra(), out_masks, hook)
+
+
+P = np.array([True, False, True, False])
+
+
+def where_sqrt_graph(p=P):
+    """y = select(p, sqrt(x), zero)."""
+    return FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("select", ["p", "s", "zero"], ["y"], {"p": p}),
+    ], outputs=["y"], int_values={"p"})
+
+
+# -- lattice ------------------------------------------------------------------------
+
+def test_join_is_or_over_lanes():
+    a, b = dead_by("A"), partial_by("B")
+    assert LIVE.join(a) is LIVE and a.join(LIVE) is LIVE
+    ab = a.join(b)
+    assert ab.level is Level.PARTIAL and set(ab.origins) == {"A", "B"}
+    assert a.join(dead_by("C")).level is Level.DEAD
+    assert NO_DERIVATIVE.join(a) == a
+    assert join_all([]) == NO_DERIVATIVE
+    assert join_all([a, LIVE, b]) is LIVE
+
+
+def test_join_is_commutative_and_idempotent_on_levels():
+    items = [LIVE, NO_DERIVATIVE, dead_by("A"), partial_by("B"), partial_by("C")]
+    for x in items:
+        assert x.join(x).level is x.level
+        for y in items:
+            assert x.join(y).level is y.join(x).level
+            assert x.join(y).level is max(x.level, y.level)
+
+
+def test_reaches_output():
+    assert LIVE.reaches_output and partial_by("A").reaches_output
+    assert dead_by("A").reaches_output  # dead *by a selection*: may need a guard
+    assert not NO_DERIVATIVE.reaches_output  # never differentiated at all
+
+
+def test_origins_are_capped_and_live_has_none():
+    lv = NO_DERIVATIVE
+    for k in range(3 * MAX_ORIGINS):
+        lv = lv.join(dead_by(k))
+    assert len(lv.origins) == MAX_ORIGINS
+    assert LIVE.with_origin("X") is LIVE
+    assert partial_by("A", partial_by("B")).origins == ("A", "B")
+    assert partial_by("A", LIVE).origins == ("A",)
+
+
+# -- analysis ------------------------------------------------------------------------
+
+def test_analysis_levels_where_sqrt():
+    g = where_sqrt_graph()
+    an = analyze(g, toy_rules())
+    assert an.value_liveness("y").level is Level.LIVE
+    assert an.value_liveness("s").level is Level.PARTIAL
+    assert an.value_liveness("x").level is Level.PARTIAL
+    assert an.use(0, 0).level is Level.PARTIAL
+    assert an.value_liveness("p") == NO_DERIVATIVE  # an integer never carries a derivative
+    assert "p" not in an.values
+    assert ("node", 1) in an.value_liveness("s").origins
+    assert an.has_partial()
+
+
+def test_a_live_use_makes_the_value_live():
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("select", ["p", "s", "zero"], ["y"], {"p": P}),
+        Node("add", ["y", "s"], ["z"]),
+    ], outputs=["z"], int_values={"p"})
+    an = analyze(g, toy_rules())
+    assert an.value_liveness("s").level is Level.LIVE
+    assert an.value_liveness("x").level is Level.LIVE
+    assert plan_guards(an)[0] == []
+
+
+def test_constant_predicate_is_statically_dead():
+    g = where_sqrt_graph(p=False)
+    an = analyze(g, toy_rules())
+    assert an.value_liveness("s").level is Level.DEAD
+    assert an.value_liveness("s").reaches_output
+    sites, _ = plan_guards(an)
+    assert [(s.node, s.index, s.statically_dead) for s in sites] == [(0, 0, True)]
+
+
+def test_unused_values_are_not_recorded():
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["unused"]),
+        Node("neg", ["x"], ["y"]),
+    ], outputs=["y"])
+    an = analyze(g, toy_rules())
+    assert "unused" not in an.values
+    assert an.value_liveness("x").is_live
+
+
+def test_unknown_operation_is_conservative_and_recorded():
+    g = FakeGraph([
+        Node("mystery", ["x"], ["m"]),
+        Node("select", ["p", "m", "zero"], ["y"], {"p": P}),
+    ], outputs=["y"], int_values={"p"})
+    an = analyze(g, toy_rules())
+    assert an.value_liveness("x").level is Level.LIVE
+    sites, unguarded = plan_guards(an)
+    assert sites == []
+    assert len(unguarded) == 1 and unguarded[0].node == 0
+    assert "mystery" in unguarded[0].reason
+
+
+# -- planning ------------------------------------------------------------------------
+
+def test_planning_guards_only_nonlinear_uses():
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("neg", ["s"], ["n"]),
+        Node("select", ["p", "n", "zero"], ["y"], {"p": P}),
+    ], outputs=["y"], int_values={"p"})
+    an = analyze(g, toy_rules())
+    sites, unguarded = plan_guards(an)
+    assert [(s.node, s.index) for s in sites] == [(0, 0)]  # sqrt, not neg
+    assert not sites[0].statically_dead and unguarded == []
+    assert an.value_liveness("n").level is Level.PARTIAL
+
+
+def test_planning_is_sorted_and_per_use():
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("log", ["x"], ["l"]),
+        Node("select", ["p", "s", "l"], ["y"], {"p": P}),
+    ], outputs=["y"], int_values={"p"})
+    an = analyze(g, toy_rules())
+    sites, _ = plan_guards(an)
+    assert [(s.node, s.index) for s in sites] == [(0, 0), (1, 0)]
+
+
+# -- masks ------------------------------------------------------------------------------
+
+def test_mask_of_a_selected_case():
+    an = analyze(where_sqrt_graph(), toy_rules())
+    r = resolver_for(an)
+    np.testing.assert_array_equal(r.value_mask("s"), P)
+    np.testing.assert_array_equal(r.use_mask(0, 0), P)
+    np.testing.assert_array_equal(r.value_mask("x"), P)
+    assert r.value_mask("y") is ALL
+    assert r.value_mask(None) is NONE
+
+
+def test_mask_is_or_over_uses():
+    p2 = np.array([False, True, False, False])
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("select", ["p", "s", "zero"], ["y1"], {"p": P}),
+        Node("select", ["q", "s", "zero"], ["y2"], {"p": p2}),
+    ], outputs=["y1", "y2"], int_values={"p", "q"})
+    an = analyze(g, toy_rules())
+    r = resolver_for(an)
+    np.testing.assert_array_equal(r.value_mask("s"), P | p2)
+    np.testing.assert_array_equal(r.use_mask(1, 1), P)
+    np.testing.assert_array_equal(r.use_mask(2, 1), p2)
+
+
+def test_masks_through_a_static_slice_and_a_select():
+    keep = np.array([True, True, False, False])
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("slice", ["s"], ["t"], {"keep": keep}),
+        Node("select", ["p", "t", "zero"], ["y"], {"p": P}),
+    ], outputs=["y"], int_values={"p"})
+    an = analyze(g, toy_rules())
+    r = resolver_for(an)
+    np.testing.assert_array_equal(r.value_mask("t"), P)
+    np.testing.assert_array_equal(r.value_mask("s"), P & keep)
+
+
+def test_resolver_stops_at_a_live_use():
+    """Once one use makes a value fully live no further use's mask is built."""
+    every = np.ones(4, dtype=bool)
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("select", ["p1", "s", "zero"], ["y1"], {"p": P}),
+        Node("select", ["p2", "s", "zero"], ["y2"], {"p": every}),  # all-true at run time
+        Node("select", ["p3", "s", "zero"], ["y3"], {"p": every}),
+    ], outputs=["y1", "y2", "y3"], int_values={"p1", "p2", "p3"})
+    an = analyze(g, toy_rules())
+    assert an.value_liveness("s").is_partial  # statically it cannot know
+    calls = []
+    r = resolver_for(an, calls=calls)
+    assert r.value_mask("s") is ALL
+    assert len(calls) <= 2, calls
+
+
+def test_statically_live_value_needs_no_mask_work():
+    g = FakeGraph([Node("sqrt", ["x"], ["s"]), Node("neg", ["s"], ["y"])], outputs=["y"])
+    calls = []
+    r = resolver_for(analyze(g, toy_rules()), calls=calls)
+    assert r.value_mask("x") is ALL and r.use_mask(0, 0) is ALL
+    assert calls == []
+
+
+def test_nested_graph_output_masks_seed_the_resolver():
+    """A nested graph's outputs can be partly live: their masks come from the
+    caller and are OR-ed with the masks of in-graph uses."""
+    seed = np.array([False, False, False, True])
+    g = FakeGraph([
+        Node("sqrt", ["x"], ["s"]),
+        Node("select", ["p", "s", "zero"], ["y"], {"p": P}),
+    ], outputs=["y", "s"], int_values={"p"})
+    an = analyze(g, toy_rules(), out_liveness=[LIVE, partial_by("caller")])
+    assert an.value_liveness("s").is_partial
+    r = resolver_for(an, out_masks=[ALL, seed])
+    np.testing.assert_array_equal(r.value_mask("s"), P | seed)
+
+
+def test_long_chain_no_recursion_error():
+    """50k nodes: analysis and mask resolution must be iterative."""
+    n = 50_000
+    nodes = [Node("sqrt", ["x"], ["v0"])]
+    for i in range(1, n):
+        nodes.append(Node("neg", [f"v{i - 1}"], [f"v{i}"]))
+    nodes.append(Node("select", ["p", f"v{n - 1}", "zero"], ["y"], {"p": P}))
+    g = FakeGraph(nodes, outputs=["y"], int_values={"p"})
+    limit = sys.getrecursionlimit()
+    assert n > 10 * limit  # recursion would have to go this deep
+    an = analyze(g, toy_rules())
+    assert an.value_liveness("x").is_partial
+    sites, _ = plan_guards(an)
+    assert [(s.node, s.index) for s in sites] == [(0, 0)]
+    r = resolver_for(an)
+    np.testing.assert_array_equal(r.use_mask(0, 0), P)
+    np.testing.assert_array_equal(r.value_mask("x"), P)
+
+
+def test_engine_imports_no_framework():
+    """``passes`` is framework-neutral: importing it pulls in neither JAX nor TF."""
+    import subprocess
+    code = ("import sys, passes; "
+            "bad = [m for m in ('jax', 'tensorflow', 'hlo_guard') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
