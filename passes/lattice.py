@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Hashable, Tuple
+from typing import Hashable, Optional, Tuple
 
 MAX_ORIGINS = 4
 
@@ -29,8 +29,20 @@ class Level(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Liveness:
+    """Level plus the selections that made lanes dead.
+
+    ``partition``, when set, is ``(select, cases, n_cases, out)``: these lanes
+    are the ones where ``select`` takes one of ``cases``, and ``out`` is the
+    liveness of the select's output.  It survives only lane-preserving
+    operations (elementwise ones), so that a value reaching *every* case of the
+    same select -- ``where(p, x, sqrt(x))`` uses ``x`` directly in one case and
+    through ``sqrt`` in the other -- is recognised statically as being as live
+    as the select's output.  Without it the mask ``or(not p, p)`` would be
+    built at run time, and ``p`` may sit downstream.
+    """
     level: Level
     origins: Tuple[Hashable, ...] = ()
+    partition: Optional[tuple] = None
 
     @property
     def is_live(self) -> bool:
@@ -60,6 +72,17 @@ class Liveness:
             return self
         if self.level is Level.LIVE or other.level is Level.LIVE:
             return LIVE
+        if not self.reaches_output:
+            return other
+        if not other.reaches_output:
+            return self
+        a, b = self.partition, other.partition
+        if a is not None and b is not None and a[0] == b[0]:
+            cases = a[1] | b[1]
+            if len(cases) == a[2]:
+                return a[3]
+            return Liveness(Level.PARTIAL, merge_origins(self.origins, other.origins),
+                            (a[0], cases, a[2], a[3]))
         level = max(self.level, other.level)
         return Liveness(level, merge_origins(self.origins, other.origins))
 
@@ -68,6 +91,12 @@ class Liveness:
         if self.level is Level.LIVE:
             return self
         return Liveness(self.level, merge_origins((origin,), self.origins))
+
+    def without_partition(self) -> "Liveness":
+        """For operations that move lanes around (transpose, slice, concat ...)."""
+        if self.partition is None:
+            return self
+        return Liveness(self.level, self.origins)
 
     def __repr__(self) -> str:  # compact, for debugging dumps
         return f"{self.level.name}{list(self.origins) if self.origins else ''}"
@@ -100,6 +129,13 @@ def partial_by(origin: Hashable, downstream: Liveness | None = None) -> Liveness
     if downstream is None or downstream.level is Level.LIVE:
         return base
     return Liveness(Level.PARTIAL, merge_origins((origin,), downstream.origins))
+
+
+def case_of(select: Hashable, case: int, n_cases: int, out: Liveness) -> Liveness:
+    """Liveness of case ``case`` of an ``n_cases``-way select whose output has
+    liveness ``out`` (partly dead, remembering which case it is)."""
+    origins = merge_origins((select,), out.origins)
+    return Liveness(Level.PARTIAL, origins, (select, frozenset([case]), n_cases, out))
 
 
 def join_all(items) -> Liveness:

@@ -402,3 +402,32 @@ def test_engine_imports_no_framework():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- select partitions: a value reaching every case of one select is live -----
+
+def test_partition_join_of_all_cases_is_the_select_output_liveness():
+    from passes.lattice import LIVE, Level, case_of
+    sel = "select#1"
+    c0 = case_of(sel, 0, 2, LIVE)
+    c1 = case_of(sel, 1, 2, LIVE)
+    assert c0.level is Level.PARTIAL and c1.level is Level.PARTIAL
+    assert c0.join(c1) is LIVE
+    three = [case_of(sel, k, 3, LIVE) for k in range(3)]
+    assert three[0].join(three[1]).level is Level.PARTIAL
+    assert three[0].join(three[1]).join(three[2]) is LIVE
+
+
+def test_partition_of_different_selects_does_not_combine():
+    from passes.lattice import LIVE, Level, case_of
+    a = case_of("select#1", 0, 2, LIVE)
+    b = case_of("select#2", 1, 2, LIVE)
+    joined = a.join(b)
+    assert joined.level is Level.PARTIAL and joined.partition is None
+
+
+def test_partition_is_dropped_by_lane_moving_operations():
+    from passes.lattice import LIVE, Level, case_of
+    moved = case_of("select#1", 0, 2, LIVE).without_partition()
+    other = case_of("select#1", 1, 2, LIVE)
+    assert moved.join(other).level is Level.PARTIAL

@@ -587,3 +587,59 @@ def test_numeric_zero_weights_are_not_structural():
     assert np.isnan(plain[0])
     for g in (guard(f), guarded_jit(f)):
         np.testing.assert_array_equal(jax.grad(_sum(g))(x), plain)
+
+
+# -- a value used directly in one case and through an op in the other ---------
+
+def test_value_in_every_case_of_a_where_is_statically_live():
+    """``where(x > 1, x, sqrt(x))``: ``x`` reaches both cases, so it is as live as
+    the where's output -- no mask (and no side computation of later predicates)
+    is needed, while sqrt's own input is still guarded."""
+    import jax.numpy as jnp
+    from passes.lattice import Level
+    import hlo_guard
+
+    def f(x):
+        for _ in range(3):
+            x = jnp.where(x > 1.0, x, jnp.sqrt(x)) + 0.5
+        return x.sum()
+
+    x = jnp.array([0.0, 0.5, 2.0, 4.0])
+    program, _ = hlo_guard.guard(f).traced(x)
+    invar = program.closed_jaxpr.jaxpr.invars[0]
+    assert program.analysis.value_liveness(invar).level is Level.LIVE
+
+    def oracle(x):
+        for _ in range(3):
+            x = jnp.where(x > 1.0, x, jnp.sqrt(jnp.where(x > 1.0, 1.0, x))) + 0.5
+        return x.sum()
+
+    got = jax.grad(hlo_guard.guard(f))(x)
+    want = jax.grad(oracle)(x)
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    np.testing.assert_allclose(got[1:], want[1:], rtol=1e-6)
+    # the guarded program carries no side copy of the chain: no stop_gradient
+    # feeding a comparison
+    jaxpr = jax.make_jaxpr(hlo_guard.guard(f))(x)
+    names = [e.primitive.name for e in jaxpr.jaxpr.eqns]
+    assert names.count("sqrt") == 3
+
+
+def test_dot_general_masks_need_no_contraction():
+    """The dot rule's masks come from reductions of the output mask, never from
+    a matmul: the guarded gradient of a masked matmul has as many dots as the
+    double-where one."""
+    import jax.numpy as jnp
+    import hlo_guard
+
+    def f(x, w):
+        rows = jnp.arange(x.shape[0]) % 2 == 0
+        y = jnp.log(x) @ w
+        return jnp.where(rows[:, None], y, 0.0).sum()
+
+    x = jnp.abs(jnp.arange(12.0).reshape(4, 3)) + 1.0
+    w = jnp.ones((3, 5))
+    jaxpr = jax.make_jaxpr(jax.grad(hlo_guard.guard(f)))(x, w)
+    plain = jax.make_jaxpr(jax.grad(f))(x, w)
+    count = lambda j: sum(e.primitive.name == "dot_general" for e in j.jaxpr.eqns)
+    assert count(jaxpr) == count(plain)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from passes.lattice import NO_DERIVATIVE, dead_by, partial_by
+from passes.lattice import NO_DERIVATIVE, case_of, dead_by, partial_by
 from passes.masks import ALL, NONE
 
 from hlo_guard.jax_frontend.graph import is_literal
@@ -52,7 +52,7 @@ class SelectN(JaxRule):
         elif out.is_dead:
             cases = [out.with_origin(origin)] * n_cases
         else:
-            cases = [partial_by(origin, out)] * n_cases
+            cases = [case_of(origin, k, n_cases, out) for k in range(n_cases)]
         return [NO_DERIVATIVE] + cases
 
     def input_masks(self, mctx, node, eqn, out_masks):

@@ -26,7 +26,7 @@ from passes.lattice import LIVE, NO_DERIVATIVE
 from passes.masks import ALL, NONE
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
-from hlo_guard.jax_frontend.mask_ops import is_static, materialize, normalize
+from hlo_guard.jax_frontend.mask_ops import is_static, materialize, normalize, xp
 from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, diff_indices,
                                                 dropping, forward_join, forward_placed,
                                                 joined)
@@ -69,7 +69,7 @@ class Structural(JaxRule):
             elif self.drops(eqn, i) or any_unused or out.is_dead:
                 result.append(dropping(analysis, node, out))
             else:
-                result.append(out)
+                result.append(out.without_partition())  # lanes move: cases no longer line up
         return result
 
     def input_masks(self, mctx, node, eqn, out_masks):
@@ -206,6 +206,82 @@ def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False,
     return [NONE if m is None else normalize(m) for m in found]
 
 
+class DotGeneral(Structural):
+    """``dot_general`` without contracting anything.
+
+    With the other operand replaced by ones, ``out[b, i, j]`` reads
+    ``lhs[b, i, k]`` for every ``k``: a lane of ``lhs`` is live iff any live
+    output lane shares its batch and free indices.  That is a ``reduce_or`` of
+    the output mask over the other operand's free dimensions and a broadcast
+    over the contracting ones -- the same answer as JAX's VJP of the dot
+    applied to the mask, without a matmul the size of the program's own.
+    """
+
+    def __init__(self):
+        super().__init__(guards=True, bilinear=True)
+
+    @staticmethod
+    def _dims(eqn):
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        lhs_rank = len(aval_shape(eqn.invars[0]))
+        rhs_rank = len(aval_shape(eqn.invars[1]))
+        lfree = [d for d in range(lhs_rank) if d not in lc and d not in lb]
+        rfree = [d for d in range(rhs_rank) if d not in rc and d not in rb]
+        return list(lc), list(rc), list(lb), list(rb), lfree, rfree
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        out = out_masks[0]
+        if out is ALL or out is NONE:
+            return [out, out]
+        lc, rc, lb, rb, lfree, rfree = self._dims(eqn)
+        nb = len(lb)
+        lhs_axes = tuple(range(nb + len(lfree), nb + len(lfree) + len(rfree)))
+        rhs_axes = tuple(range(nb, nb + len(lfree)))
+        m = xp(out)
+        lhs = _place(m, m.any(out, axis=lhs_axes) if lhs_axes else out,
+                     aval_shape(eqn.invars[0]), lb + lfree)
+        rhs = _place(m, m.any(out, axis=rhs_axes) if rhs_axes else out,
+                     aval_shape(eqn.invars[1]), rb + rfree)
+        return [normalize(lhs), normalize(rhs)]
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        lc, rc, lb, rb, lfree, rfree = self._dims(eqn)
+        out_shape = aval_shape(eqn.outvars[0])
+        nb = len(lb)
+        parts = []
+        for mask, contract, batch, free, offset in (
+                (in_masks[0], lc, lb, lfree, nb), (in_masks[1], rc, rb, rfree, nb + len(lfree))):
+            if mask is NONE:
+                continue
+            if mask is ALL:
+                return [ALL]
+            m = xp(mask)
+            reduced = m.any(mask, axis=tuple(contract)) if contract else mask
+            kept = [d for d in range(len(np.shape(mask))) if d not in contract]
+            # reduced's dims are the kept dims in order; they go to batch/free slots of out
+            target = {d: k for k, d in enumerate(batch)}
+            target.update({d: offset + k for k, d in enumerate(free)})
+            parts.append(_place(m, reduced, out_shape, [target[d] for d in kept]))
+        result = NONE
+        for p in parts:
+            result = normalize(p) if result is NONE else normalize(xp(result, p).logical_or(result, p))
+        return [result]
+
+
+def _place(m, mask, shape, dims):
+    """Broadcast ``mask`` into ``shape``, its axis k landing on ``dims[k]``."""
+    dims = list(dims)
+    order = sorted(range(len(dims)), key=lambda k: dims[k])
+    if order != list(range(len(dims))):
+        mask = np.transpose(mask, order) if m is np else jax.lax.transpose(mask, order)
+    dims = sorted(dims)
+    shape = tuple(shape)
+    if m is np:
+        expanded = np.reshape(mask, tuple(shape[d] if d in dims else 1 for d in range(len(shape))))
+        return np.broadcast_to(expanded, shape)
+    return jax.lax.broadcast_in_dim(mask, shape, tuple(dims))
+
+
 class MixingLinear(JaxRule):
     """Linear maps with finite, mixed-sign coefficients (FFT): a zero cotangent
     stays zero, every input lane may be live.  No guard, no mask."""
@@ -306,7 +382,7 @@ def register(table):
     table.register(["cumprod", "cumlogsumexp", "cummax", "cummin"],
                    Structural(guards=True, seed=_as_cumsum))
     # bilinear: the other operand replaced by ones
-    table.register("dot_general", Structural(guards=True, bilinear=True))
+    table.register("dot_general", DotGeneral())
     table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))
     table.register("fft", MixingLinear())
     table.register("sort", Conservative(
