@@ -294,6 +294,40 @@ class Scope:
         shape = np.shape(x)
         return lax.select(to_guard_mask(mask, shape), x, lax.stop_gradient(x))
 
+    @staticmethod
+    def _implicitly_broadcast(eqn, x) -> bool:
+        if len(eqn.outvars) != 1:
+            return False
+        rule = RULES.get(eqn.primitive.name)
+        return hasattr(rule, "full_mask") and \
+            tuple(np.shape(x)) != tuple(eqn.outvars[0].aval.shape)
+
+    def broadcast_masks(self, node, eqn, sites, invals):
+        """Full-shape masks of the operands the op broadcasts implicitly.
+
+        ``w * x`` with a scalar ``w``: the mask of ``w`` is OR-reduced and so
+        usually all-true, yet its cotangent is a *sum* over the output lanes,
+        dead ones included, and a dead lane's ``0 * inf`` is summed in.  Such
+        operands are guarded at the output's shape inside the op's derivative
+        (:func:`bind_with_broadcast_guards`)."""
+        if len(eqn.outvars) != 1 or not sites:
+            return {}
+        found = {}
+        for site in sites:
+            if site.statically_dead or not self._implicitly_broadcast(eqn, invals[site.index]):
+                continue
+            try:
+                outs = [self.resolver.value_mask(None if isinstance(v, DropVar) else v)
+                        for v in eqn.outvars]
+                mask = RULES.get(eqn.primitive.name).full_mask(self, node, eqn, outs,
+                                                               site.index)
+            except ShadowUnavailable as exc:
+                self.skipped.append((node, site.index, str(exc)))
+                continue
+            if mask is not ALL:
+                found[site.index] = mask
+        return found
+
     def run(self) -> List[Any]:
         sites = sites_by_node(self.analysis)
         out_sites = output_sites_by_node(self.analysis)
@@ -301,9 +335,15 @@ class Scope:
         for node, eqn in enumerate(self.graph.eqns):
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
             with eqn_context(eqn):
-                for site in sites.get(node, ()):
-                    invals[site.index] = self.guard(node, site, invals[site.index])
-                outs = self._bind(node, eqn, invals)
+                node_sites = sites.get(node, ())
+                wide = self.broadcast_masks(node, eqn, node_sites, invals)
+                for site in node_sites:
+                    if site.index not in wide:
+                        invals[site.index] = self.guard(node, site, invals[site.index])
+                if wide:
+                    outs = bind_with_broadcast_guards(eqn, invals, wide)
+                else:
+                    outs = self._bind(node, eqn, invals)
                 for ov, o in zip(eqn.outvars, outs):
                     if not isinstance(ov, DropVar):
                         env[ov] = o
@@ -339,6 +379,56 @@ class Scope:
             if any(s is not None and needs_rewrite(s) for s in subs):
                 return binder(self, node, eqn, invals)
         return bind_eqn(eqn, invals)
+
+
+def bind_with_broadcast_guards(eqn, invals, masks):
+    """Bind ``eqn`` so that its *derivative* sees the implicitly broadcast
+    operands in ``masks`` explicitly broadcast and guarded at the output's
+    shape, while its forward program is the bare operation.
+
+    A select on the broadcast operand itself would be folded away by XLA, but
+    not before it changed the order of XLA's algebraic rewrites (a 1-ulp
+    different forward in ``jnp.corrcoef``).  Inside a ``custom_jvp`` the guard
+    exists only in the JVP (and so in its transpose): the forward HLO is
+    untouched, and in reverse mode the dead lanes' contributions are selected
+    to zero *before* the broadcast's transpose sums them."""
+    prim = eqn.primitive
+    params = prim.get_bind_params(eqn.params)[1] if isinstance(
+        prim.get_bind_params(eqn.params), tuple) else eqn.params
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    index = sorted(masks)
+    n = len(invals)
+    mask_args = [to_guard_mask(masks[i], out_shape) for i in index]
+
+    def apply(*args):
+        return prim.bind(*args, **params)
+
+    @jax.custom_jvp
+    def op(*args):
+        return apply(*args[:n])
+
+    @op.defjvp
+    def op_jvp(primals, tangents):
+        vals, tans = list(primals[:n]), list(tangents[:n])
+        for i, m in zip(index, primals[n:]):
+            vals[i] = lax_broadcast(vals[i], out_shape)
+            t = lax_broadcast(tans[i], out_shape)
+            tans[i] = lax.select(m, t, lax.full_like(t, 0))
+        return jax.jvp(apply, vals, tans)
+
+    return [op(*invals, *mask_args)]
+
+
+def lax_broadcast(x, shape):
+    """``x`` (rank 0, or with size-1 dimensions) broadcast to ``shape``."""
+    sx = tuple(np.shape(x))
+    if sx == tuple(shape):
+        return x
+    if len(sx) == 0:
+        return lax.broadcast_in_dim(x, shape, ())
+    keep = [d for d, n in enumerate(sx) if n == shape[d]]
+    squeezed = lax.reshape(x, tuple(sx[d] for d in keep))
+    return lax.broadcast_in_dim(squeezed, shape, tuple(keep))
 
 
 def _n_bodies(eqn):

@@ -15,10 +15,10 @@
 """
 from __future__ import annotations
 
-from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.lattice import LIVE, NO_DERIVATIVE, join_all
 
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
-from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined
+from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 
 _RISKY_CACHE = {}
 
@@ -184,8 +184,109 @@ def control_bodies(eqn):
     return []
 
 
+class CustomCall(JaxRule):
+    """``custom_jvp_call`` / ``custom_vjp_call``: the derivative is the user's
+    (or the library's) rule, not the primal body's.
+
+    The rule may be non-zero where the primal body selects a lane away
+    (``xlogy`` at 0 is ``log y``; a straight-through estimator passes the
+    tangent through a ``where``) or where the body computes with bit tricks
+    (``frexp`` in ``ldexp``).  So the body's *selections* never mark an input
+    dead.  Only the call's own output masks are mapped back, and only when the
+    call is lane-wise (every value in its body has the output's shape or is a
+    scalar, with no reductions or lane moves): input lane ``i`` is live iff an
+    output lane ``i`` is.  Anything else is fully live (conservative).  Guarding
+    the inputs with those masks absorbs whatever the rule computes in dead
+    lanes -- the dead ``xlogy`` under a ``where``.
+    """
+    kind = "custom-call"
+    guards = True
+
+    def transfer(self, analysis, node, outs):
+        eqn = analysis.graph.eqns[node]
+        out = joined(outs)
+        if not out.reaches_output:
+            return [NO_DERIVATIVE] * len(eqn.invars)
+        if out.is_live or not is_lanewise_call(eqn):
+            return [LIVE] * len(eqn.invars)
+        return [out.without_partition()] * len(eqn.invars)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        from passes.masks import ALL
+        from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
+        if not is_lanewise_call(eqn):
+            return [ALL] * len(eqn.invars)
+        shape = tuple(eqn.outvars[0].aval.shape)
+        out = or_all(broadcast_to(m, shape) for m in out_masks)
+        return LazyMasks(lambda i: reduce_to_shape(out, shape, tuple(eqn.invars[i].aval.shape)),
+                         len(eqn.invars))
+
+    def forward(self, fa, node, ins):
+        eqn = fa.graph.eqns[node]
+        if not is_lanewise_call(eqn):
+            return [LIVE] * len(eqn.outvars)
+        return [join_all(ins)] * len(eqn.outvars)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        from passes.masks import ALL
+        from hlo_guard.jax_frontend.mask_ops import broadcast_to
+        if not is_lanewise_call(eqn):
+            return [ALL] * len(eqn.outvars)
+        shape = tuple(eqn.outvars[0].aval.shape)
+        m = or_all(broadcast_to(x, shape) for x in in_masks)
+        return [m] * len(eqn.outvars)
+
+
+_LANEWISE_KINDS = ("elementwise", "zero-derivative")
+_LANEWISE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim"}
+_LANEWISE_CACHE = {}
+
+
+def is_lanewise_call(eqn) -> bool:
+    """Every output has one shape S; every input and every value in the body
+    is S-shaped or a scalar; no operation moves or reduces lanes."""
+    outs = [v for v in eqn.outvars]
+    if not outs:
+        return False
+    shape = tuple(outs[0].aval.shape)
+    if any(tuple(getattr(v.aval, "shape", ())) != shape for v in outs):
+        return False
+    if any(tuple(getattr(v.aval, "shape", ())) not in (shape, ()) for v in eqn.invars):
+        return False
+    body, _ = body_of(eqn)
+    return _body_lanewise(body, shape)
+
+
+def _body_lanewise(jaxpr, shape) -> bool:
+    key = (id(jaxpr), shape)
+    hit = _LANEWISE_CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    from hlo_guard.jax_frontend.rules import RULES
+    ok = True
+    for e in jaxpr.eqns:
+        shapes = [tuple(getattr(v.aval, "shape", ())) for v in list(e.invars) + list(e.outvars)]
+        if any(s not in (shape, ()) for s in shapes):
+            ok = False
+        else:
+            name = e.primitive.name
+            rule = RULES.get(name)
+            if name in CALL_BODY_PARAM:
+                ok = _body_lanewise(body_of(e)[0], shape)
+            elif name == "broadcast_in_dim":
+                ok = all(tuple(getattr(v.aval, "shape", ())) == () for v in e.invars)
+            elif name in _LANEWISE_PRIMS:
+                ok = True
+            else:
+                ok = rule is not None and rule.kind in _LANEWISE_KINDS
+        if not ok:
+            break
+    _LANEWISE_CACHE[key] = (jaxpr, ok)
+    return ok
+
+
 def register(table):
     table.register(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"],
                    Call(guards=False))
-    table.register(["custom_jvp_call", "custom_vjp_call"], Call(guards=True))
+    table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
     table.register(["cond", "while", "scan", "shard_map"], ControlFlow())

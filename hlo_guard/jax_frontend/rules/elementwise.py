@@ -39,6 +39,11 @@ class Elementwise(JaxRule):
         return LazyMasks(lambda i: reduce_to_shape(out, out_shape, aval_shape(eqn.invars[i])),
                          len(eqn.invars))
 
+    def full_mask(self, mctx, node, eqn, out_masks, index):
+        """The mask of input ``index`` at the *output's* shape, for an operand the
+        op broadcasts implicitly (see ``Scope.guard``)."""
+        return or_all(out_masks)
+
     def forward(self, fa, node, ins):
         return forward_join(fa, node, ins)
 

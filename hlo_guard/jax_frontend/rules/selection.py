@@ -120,6 +120,13 @@ class MaxMin(JaxRule):
             masks.append(reduce_to_shape(and_(out, chosen, shape), shape, aval_shape(v)))
         return masks
 
+    def full_mask(self, mctx, node, eqn, out_masks, index):
+        shape = aval_shape(eqn.outvars[0])
+        ans = mctx.value(eqn.outvars[0])
+        x = mctx.value(eqn.invars[index])
+        chosen = normalize(broadcast_to(xp(x, ans).equal(x, ans), shape))
+        return and_(out_masks[0], chosen, shape)
+
     def forward(self, fa, node, ins):
         return forward_placed(fa, node, ins)
 
@@ -153,6 +160,17 @@ class Clamp(JaxRule):
         return [reduce_to_shape(and_(out, normalize(broadcast_to(c, shape)), shape),
                                 shape, aval_shape(v))
                 for c, v in zip(chosen, eqn.invars)]
+
+    def full_mask(self, mctx, node, eqn, out_masks, index):
+        shape = aval_shape(eqn.outvars[0])
+        lo, x, hi = (mctx.value(v) for v in eqn.invars)
+        m = xp(lo, x, hi)
+        chosen = [
+            lambda: m.logical_and(m.greater(lo, x), m.less(lo, hi)),
+            lambda: m.logical_and(m.greater(x, lo), m.less(x, hi)),
+            lambda: m.less(hi, x),
+        ][index]()
+        return and_(out_masks[0], normalize(broadcast_to(chosen, shape)), shape)
 
     def forward(self, fa, node, ins):
         return forward_placed(fa, node, ins)
