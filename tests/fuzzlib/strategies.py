@@ -1,0 +1,127 @@
+"""Hypothesis strategies: random program trees and adversarial inputs.
+
+Inputs are drawn mostly from the values where derivatives break -- 0, -0,
++-1, +-inf, NaN, the largest and smallest floats, subnormals, exp's overflow
+threshold -- and equal values are common, so predicates, ``maximum`` and
+``clip`` hit ties and boundaries.  Trees mix elementwise ops (the singular ones
+included) with every kind of selection and lane-dropping operation.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from hypothesis import strategies as st
+
+from fuzzlib.program import (BINARY, COMPARE, N, REDUCE, UNARY, Binary, Clip, Concat,
+                             Const, Gather, Leaf, Reduce, SetAt, Slice, Unary, Where)
+
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY = float(np.finfo(np.float32).tiny)
+F32_SUBNORMAL = float(np.nextafter(np.float32(0), np.float32(1)))
+
+# Subnormals are left out on purpose: eager XLA kernels flush them to zero while
+# inlined library jits (``jnp.mean``) may not, so the *unguarded* program is not
+# even consistent with itself there (see test_fuzz_regressions).
+SPECIAL_INPUTS = [
+    0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, F32_MAX, -F32_MAX,
+    F32_TINY, -F32_TINY, 0.5, -0.5, 2.0, 1e-7, 88.8, -104.0, 1e20,
+]
+CONSTANTS = [0.0, 1.0, -1.0, 0.5, 2.0, -2.0, 3.0, 1e-30, 1e30, math.inf, -math.inf]
+
+MAX_LEN = 6
+
+floats = st.one_of(
+    st.sampled_from(SPECIAL_INPUTS),
+    st.sampled_from(SPECIAL_INPUTS),
+    st.floats(-4.0, 4.0, width=32),
+)
+
+
+@st.composite
+def input_vectors(draw, dtype=np.float32):
+    return np.array(draw(st.lists(floats, min_size=N, max_size=N)), dtype=dtype)
+
+
+#: ``HLO_GUARD_FUZZ_NO_BROADCAST=1`` stops drawing size-1 operands, to explore
+#: past the known implicit-broadcast bug (tests/test_fuzz_regressions.py)
+NO_BROADCAST = os.environ.get("HLO_GUARD_FUZZ_NO_BROADCAST", "") not in ("", "0")
+
+
+def _operand_length(draw, n):
+    """Operands of elementwise ops are either the same length or broadcast (1)."""
+    if n > 1 and not NO_BROADCAST and draw(st.integers(0, 5)) == 0:
+        return 1
+    return n
+
+
+def _leafish(draw, n):
+    """A depth-0 node of length ``n``: an input (sliced or gathered) or a constant."""
+    choice = draw(st.integers(0, 9))
+    if choice <= 1:
+        return Const(draw(st.sampled_from(CONSTANTS)), n)
+    leaf = Leaf(draw(st.sampled_from(["x", "y"])))
+    if n == N and choice <= 7:
+        return leaf
+    if n < N and choice <= 5:
+        start = draw(st.integers(0, N - n))
+        return Slice(leaf, start, start + n, 1)
+    idx = tuple(draw(st.lists(st.integers(0, N - 1), min_size=n, max_size=n)))
+    return Gather(leaf, idx)
+
+
+@st.composite
+def nodes(draw, n, depth):
+    if depth <= 0 or draw(st.integers(0, 7)) == 0:
+        return _leafish(draw, n)
+    sub = lambda m: draw(nodes(m, depth - 1))  # noqa: E731
+    kinds = ["unary"] * 4 + ["binary"] * 3 + ["maxmin"] * 3 + ["where"] * 4 + \
+        ["clip"] * 2 + ["slice", "gather", "setat"] + (["concat"] if n >= 2 else []) + \
+        (["reduce"] * 3 if n == 1 else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "unary":
+        return Unary(draw(st.sampled_from(sorted(UNARY))), sub(n))
+    if kind == "binary":
+        return Binary(draw(st.sampled_from(sorted(BINARY))),
+                      sub(_operand_length(draw, n)), sub(_operand_length(draw, n)))
+    if kind == "maxmin":
+        a, b = sub(_operand_length(draw, n)), sub(_operand_length(draw, n))
+        if a.length != n and b.length != n:
+            a = sub(n)
+        return Binary(draw(st.sampled_from(["maximum", "minimum"])), a, b)
+    if kind == "where":
+        parts = [sub(_operand_length(draw, n)) for _ in range(4)]
+        if all(p.length != n for p in parts):
+            parts[2] = sub(n)
+        return Where(draw(st.sampled_from(sorted(COMPARE))), *parts)
+    if kind == "clip":
+        a = sub(n)
+        return Clip(a, sub(_operand_length(draw, n)), sub(_operand_length(draw, n)))
+    if kind == "reduce":
+        return Reduce(draw(st.sampled_from(REDUCE)), sub(draw(st.integers(1, MAX_LEN))))
+    if kind == "slice":
+        step = draw(st.integers(1, 2)) if 2 * n - 1 <= 2 * MAX_LEN else 1
+        span = (n - 1) * step + 1
+        m = draw(st.integers(span, max(span, min(span + 3, 2 * MAX_LEN))))
+        start = draw(st.integers(0, m - span))
+        return Slice(sub(m), start, start + span, step)
+    if kind == "gather":
+        m = draw(st.integers(1, MAX_LEN))
+        idx = tuple(draw(st.lists(st.integers(0, m - 1), min_size=n, max_size=n)))
+        return Gather(sub(m), idx)
+    if kind == "concat":
+        k = draw(st.integers(1, n - 1))
+        return Concat(sub(k), sub(n - k))
+    if kind == "setat":
+        idx = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n,
+                                  unique=True)))
+        blen = len(idx) if draw(st.booleans()) else 1
+        return SetAt(sub(n), idx, sub(blen))
+    raise AssertionError(kind)
+
+
+@st.composite
+def programs(draw, max_depth=4):
+    n = draw(st.sampled_from([N, N, N, 1, 2, 3, 5]))
+    return draw(nodes(n, draw(st.integers(1, max_depth))))
