@@ -1,0 +1,4 @@
+"""One module per workload; each exports ``WORKLOAD`` (a :class:`base.Workload`)."""
+from benchmarks.workloads import attention, elementwise, lennard_jones, mlp
+
+ALL = [elementwise.WORKLOAD, lennard_jones.WORKLOAD, mlp.WORKLOAD, attention.WORKLOAD]
