@@ -138,6 +138,16 @@ def case_of(select: Hashable, case: int, n_cases: int, out: Liveness) -> Livenes
     return Liveness(Level.PARTIAL, origins, (select, frozenset([case]), n_cases, out))
 
 
+def dropped_by(origin: Hashable, out: Liveness) -> Liveness:
+    """The liveness of an input some of whose lanes ``origin`` drops (a slice, a
+    gather, the losing side of a max), given the liveness ``out`` of its output."""
+    if not out.reaches_output:
+        return NO_DERIVATIVE
+    if out.level is Level.DEAD:
+        return out.with_origin(origin)
+    return partial_by(origin, out)
+
+
 def join_all(items) -> Liveness:
     result = NO_DERIVATIVE
     for item in items:

@@ -53,6 +53,14 @@ def or_masks(algebra: MaskAlgebra, a: Any, b: Any) -> Any:
     return algebra.normalize(algebra.or_(a, b))
 
 
+def or_all(algebra: MaskAlgebra, masks) -> Any:
+    """OR of any number of masks (NONE for none)."""
+    result = NONE
+    for m in masks:
+        result = or_masks(algebra, result, m)
+    return result
+
+
 InputMasksFn = Callable[[int, List[Any]], List[Any]]
 
 

@@ -51,16 +51,10 @@ def plan_guards(analysis: Analysis) -> Tuple[List[GuardSite], List[UnguardedSite
 
 
 @dataclass(frozen=True)
-class OutputGuardSite:
-    """Guard the *output* of ``node``: some lanes of its input tangents are
-    structurally zero and its derivative may multiply them by inf (forward mode)."""
-    node: int
-    index: int
-    liveness: Liveness
-
-    @property
-    def statically_dead(self) -> bool:
-        return self.liveness.level is Level.DEAD
+class OutputGuardSite(GuardSite):
+    """Guard output ``index`` of ``node``: some lanes of its input tangents are
+    structurally zero and its derivative may multiply them by inf (forward
+    mode).  ``liveness`` is the output's *tangent* liveness."""
 
 
 def plan_output_guards(backward: Analysis, forward) -> List[OutputGuardSite]:

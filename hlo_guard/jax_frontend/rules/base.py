@@ -12,7 +12,9 @@ from typing import Any, List, Sequence
 
 from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins,
                             partial_by)
+from passes.lattice import dropped_by
 from passes.masks import ALL, NONE
+from passes.masks import or_all as passes_or_all
 from passes.rules import Rule
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
@@ -66,20 +68,12 @@ def diff_indices(eqn) -> List[int]:
 
 def or_all(masks):
     from hlo_guard.jax_frontend.mask_ops import ALGEBRA
-    from passes.masks import or_masks
-    result = NONE
-    for m in masks:
-        result = or_masks(ALGEBRA, result, m)
-    return result
+    return passes_or_all(ALGEBRA, masks)
 
 
 def dropping(analysis, node, out: Liveness) -> Liveness:
     """The liveness of an input some of whose lanes ``node`` drops."""
-    if not out.reaches_output:
-        return NO_DERIVATIVE
-    if out.is_dead:
-        return out
-    return partial_by(analysis.graph.origin(node), out)
+    return dropped_by(analysis.graph.origin(node), out)
 
 
 def forward_join(fa, node, ins) -> List[Liveness]:

@@ -140,6 +140,18 @@ class MaxMin(JaxRule):
         return [_chosen_forward(chosen, in_masks, shape)]
 
 
+def _clamp_chosen(mctx, eqn):
+    """Which operand of ``clamp(lo, x, hi)`` JAX's JVP selects in each lane
+    (strict inequalities, as in ``lax._clamp_jvp``)."""
+    lo, x, hi = (mctx.value(v) for v in eqn.invars)
+    m = xp(lo, x, hi)
+    return [
+        lambda: m.logical_and(m.greater(lo, x), m.less(lo, hi)),
+        lambda: m.logical_and(m.greater(x, lo), m.less(x, hi)),
+        lambda: m.less(hi, x),
+    ]
+
+
 class Clamp(JaxRule):
     kind = "selection"
 
@@ -150,26 +162,14 @@ class Clamp(JaxRule):
     def input_masks(self, mctx, node, eqn, out_masks):
         out = out_masks[0]
         shape = aval_shape(eqn.outvars[0])
-        lo, x, hi = (mctx.value(v) for v in eqn.invars)
-        m = xp(lo, x, hi)
-        chosen = [
-            m.logical_and(m.greater(lo, x), m.less(lo, hi)),
-            m.logical_and(m.greater(x, lo), m.less(x, hi)),
-            m.less(hi, x),
-        ]
-        return [reduce_to_shape(and_(out, normalize(broadcast_to(c, shape)), shape),
-                                shape, aval_shape(v))
-                for c, v in zip(chosen, eqn.invars)]
+        chosen = _clamp_chosen(mctx, eqn)
+        return LazyMasks(lambda i: reduce_to_shape(
+            and_(out, normalize(broadcast_to(chosen[i](), shape)), shape),
+            shape, aval_shape(eqn.invars[i])), 3)
 
     def full_mask(self, mctx, node, eqn, out_masks, index):
         shape = aval_shape(eqn.outvars[0])
-        lo, x, hi = (mctx.value(v) for v in eqn.invars)
-        m = xp(lo, x, hi)
-        chosen = [
-            lambda: m.logical_and(m.greater(lo, x), m.less(lo, hi)),
-            lambda: m.logical_and(m.greater(x, lo), m.less(x, hi)),
-            lambda: m.less(hi, x),
-        ][index]()
+        chosen = _clamp_chosen(mctx, eqn)[index]()
         return and_(out_masks[0], normalize(broadcast_to(chosen, shape)), shape)
 
     def forward(self, fa, node, ins):
@@ -177,13 +177,7 @@ class Clamp(JaxRule):
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         shape = aval_shape(eqn.outvars[0])
-        lo, x, hi = (mctx.value(v) for v in eqn.invars)
-        m = xp(lo, x, hi)
-        chosen = [
-            m.logical_and(m.greater(lo, x), m.less(lo, hi)),
-            m.logical_and(m.greater(x, lo), m.less(x, hi)),
-            m.less(hi, x),
-        ]
+        chosen = [c() for c in _clamp_chosen(mctx, eqn)]
         return [_chosen_forward(chosen, in_masks, shape)]
 
 

@@ -96,58 +96,87 @@ def _float_seed(mask, aval):
     return m.astype(aval.dtype)
 
 
+class _LinearProbe:
+    """The operation as a function of (a group of) its floating operands, ready
+    for ``jax.vjp``/``jax.jvp`` on masks.
+
+    Linear structural operations are probed at zero (their derivative does not
+    depend on the point); value-dependent ones (max pooling) at their actual,
+    gradient-stopped operands; for a bilinear operation the operands outside
+    the group are replaced by ones.  When everything involved is known at trace
+    time the probe runs eagerly and yields numpy masks.
+    """
+
+    def __init__(self, mctx, eqn, seeds, *, value_dependent, bilinear, seed):
+        self.eqn = eqn
+        self.diff = diff_indices(eqn)
+        self.bilinear = bilinear
+        self.value_dependent = value_dependent
+        self.vals = [self._zeros(i) if i in self.diff and not value_dependent
+                     else mctx.value(v) for i, v in enumerate(eqn.invars)]
+        self.static = all(is_static(x) for x in self.vals) and all(is_static(x) for x in seeds)
+        self.prim, self.params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
+
+    def _zeros(self, i):
+        v = self.eqn.invars[i]
+        return np.zeros(aval_shape(v), dtype=v.aval.dtype)
+
+    def groups(self):
+        return [[i] for i in self.diff] if self.bilinear else [self.diff]
+
+    def function(self, group):
+        def f(*d):
+            args = list(self.vals)
+            for k, i in enumerate(group):
+                args[i] = d[k]
+            if self.bilinear:
+                for j in self.diff:
+                    if j not in group:
+                        v = self.eqn.invars[j]
+                        args[j] = np.ones(aval_shape(v), dtype=v.aval.dtype)
+            out = self.prim.bind(*args, **self.params)
+            return list(out) if self.prim.multiple_results else [out]
+        return f
+
+    def primals(self, group):
+        ps = [self.vals[i] if self.value_dependent else self._zeros(i) for i in group]
+        return ps if self.static else [jax.lax.stop_gradient(p) for p in ps]
+
+    def run(self, compute):
+        """``compute()`` eagerly when static (numpy masks out), else traced."""
+        if not self.static:
+            return compute(), False
+        with jax.ensure_compile_time_eval():
+            return compute(), True
+
+
+def _finish(mask, static):
+    if mask is None:
+        return NONE
+    return normalize(np.asarray(mask)) if static else normalize(mask)
+
+
 def transpose_masks(mctx, eqn, out_masks, *, value_dependent=False, bilinear=False,
                     seed=None) -> List:
-    diff = diff_indices(eqn)
+    """Input masks: JAX's own VJP of the operation applied to the float output
+    masks; an input lane is live iff what comes back is non-zero."""
     n = len(eqn.invars)
-    if not diff:
+    if not diff_indices(eqn) or all(m is NONE for m in out_masks):
         return [NONE] * n
-    if all(m is NONE for m in out_masks):
-        return [NONE] * n
-    vals = []
-    for i, v in enumerate(eqn.invars):
-        if i in diff and not value_dependent:
-            vals.append(np.zeros(aval_shape(v), dtype=v.aval.dtype))
-        else:
-            vals.append(mctx.value(v))
     cts = [_float_seed(m, v.aval) for m, v in zip(out_masks, eqn.outvars)]
-    static = all(is_static(x) for x in vals) and all(is_static(c) for c in cts)
-    prim, params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
+    probe = _LinearProbe(mctx, eqn, cts, value_dependent=value_dependent,
+                         bilinear=bilinear, seed=seed)
 
-    def pullback(index_groups):
-        results = {}
-        for group in index_groups:
-            def f(*d, group=group):
-                args = list(vals)
-                for k, i in enumerate(group):
-                    args[i] = d[k]
-                if bilinear:
-                    for j in diff:
-                        if j not in group:
-                            args[j] = np.ones(aval_shape(eqn.invars[j]),
-                                              dtype=eqn.invars[j].aval.dtype)
-                out = prim.bind(*args, **params)
-                return list(out) if prim.multiple_results else [out]
-            primals = [vals[i] if value_dependent else
-                       np.zeros(aval_shape(eqn.invars[i]), dtype=eqn.invars[i].aval.dtype)
-                       for i in group]
-            if not static:
-                primals = [jax.lax.stop_gradient(p) for p in primals]
-            _, vjp = jax.vjp(f, *primals)
-            grads = vjp(cts)
-            for i, g in zip(group, grads):
-                results[i] = g != 0
-        return results
+    def compute():
+        found = {}
+        for group in probe.groups():
+            _, vjp = jax.vjp(probe.function(group), *probe.primals(group))
+            for i, g in zip(group, vjp(cts)):
+                found[i] = g != 0
+        return found
 
-    groups = [[i] for i in diff] if bilinear else [diff]
-    if static:
-        with jax.ensure_compile_time_eval():
-            found = pullback(groups)
-        found = {i: normalize(np.asarray(m)) for i, m in found.items()}
-    else:
-        found = pullback(groups)
-        found = {i: normalize(m) for i, m in found.items()}
-    return [found.get(i, NONE) for i in range(n)]
+    found, static = probe.run(compute)
+    return [_finish(found.get(i), static) for i in range(n)]
 
 
 def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False,
@@ -156,54 +185,26 @@ def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False,
     operation applied to the float input masks; non-zero = may be non-zero."""
     diff = diff_indices(eqn)
     n_out = len(eqn.outvars)
-    masks = {i: in_masks[i] for i in diff}
-    if not diff or all(masks[i] is NONE for i in diff):
+    if not diff or all(in_masks[i] is NONE for i in diff):
         return [NONE] * n_out
-    if all(masks[i] is ALL for i in diff) and not bilinear:
-        pass  # still computed: placed literals may leave lanes dead
-    vals = []
-    for i, v in enumerate(eqn.invars):
-        if i in diff and not value_dependent:
-            vals.append(np.zeros(aval_shape(v), dtype=v.aval.dtype))
-        else:
-            vals.append(mctx.value(v))
-    tans = {i: _float_seed(masks[i], eqn.invars[i].aval) for i in diff}
-    static = all(is_static(x) for x in vals) and all(is_static(t) for t in tans.values())
-    prim, params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
+    tans = {i: _float_seed(in_masks[i], eqn.invars[i].aval) for i in diff}
+    probe = _LinearProbe(mctx, eqn, list(tans.values()), value_dependent=value_dependent,
+                         bilinear=bilinear, seed=seed)
 
-    def push(groups):
-        total = None
-        for group in groups:
-            def f(*d, group=group):
-                args = list(vals)
-                for k, i in enumerate(group):
-                    args[i] = d[k]
-                if bilinear:
-                    for j in diff:
-                        if j not in group:
-                            args[j] = np.ones(aval_shape(eqn.invars[j]),
-                                              dtype=eqn.invars[j].aval.dtype)
-                out = prim.bind(*args, **params)
-                return list(out) if prim.multiple_results else [out]
-            primals = [vals[i] if value_dependent else
-                       np.zeros(aval_shape(eqn.invars[i]), dtype=eqn.invars[i].aval.dtype)
-                       for i in group]
-            if not static:
-                primals = [jax.lax.stop_gradient(p) for p in primals]
-            _, outs = jax.jvp(f, primals, [tans[i] for i in group])
-            live = [o != 0 if hasattr(o, "dtype") and o.dtype != jax.dtypes.float0 else None
-                    for o in outs]
-            total = live if total is None else [
-                a if b is None else (b if a is None else (a | b)) for a, b in zip(total, live)]
+    def compute():
+        total = [None] * n_out
+        for group in probe.groups():
+            _, outs = jax.jvp(probe.function(group), probe.primals(group),
+                              [tans[i] for i in group])
+            for j, o in enumerate(outs):
+                if getattr(o, "dtype", None) is None or o.dtype == jax.dtypes.float0:
+                    continue
+                live = o != 0
+                total[j] = live if total[j] is None else (total[j] | live)
         return total
 
-    groups = [[i] for i in diff] if bilinear else [diff]
-    if static:
-        with jax.ensure_compile_time_eval():
-            found = push(groups)
-        return [NONE if m is None else normalize(np.asarray(m)) for m in found]
-    found = push(groups)
-    return [NONE if m is None else normalize(m) for m in found]
+    found, static = probe.run(compute)
+    return [_finish(m, static) for m in found]
 
 
 class DotGeneral(Structural):

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence
 
-from passes.lattice import NO_DERIVATIVE, Liveness, join_all, partial_by
+from passes.lattice import NO_DERIVATIVE, Liveness, dropped_by, join_all, partial_by
 from passes.masks import NONE, or_masks
+from passes.masks import or_all as passes_or_all
 from passes.rules import Rule
 
 from hlo_guard.tf.graph import is_inexact
@@ -39,19 +40,12 @@ def joined(outs: Sequence[Liveness]) -> Liveness:
 
 
 def or_all(masks):
-    result = NONE
-    for m in masks:
-        result = or_masks(ALGEBRA, result, m)
-    return result
+    return passes_or_all(ALGEBRA, masks)
 
 
 def dropping(analysis, node, out: Liveness) -> Liveness:
     """The liveness of an input some of whose lanes ``node`` drops."""
-    if not out.reaches_output:
-        return NO_DERIVATIVE
-    if out.is_dead:
-        return out.with_origin(analysis.graph.origin(node))
-    return partial_by(analysis.graph.origin(node), out)
+    return dropped_by(analysis.graph.origin(node), out)
 
 
 def n_inputs(analysis, node) -> int:
