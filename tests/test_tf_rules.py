@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import hlo_guard.tf as hg
+from passes.masks import ALL, NONE
 from test_tf_support import assert_same, bitwise_equal, xla_forward, xla_grads
 
 
@@ -132,3 +133,121 @@ def test_zero_derivative_ops_cut_liveness(op):
     g = hg.guard(lambda x: tf.where(raw(**{key: x}) > 0, tf.sqrt(x), 0.0))
     rep = hg.report(g, tf.constant([0.0, 1.0]))
     assert [s.op.split()[0] for s in rep.guards] == ["Sqrt"]
+
+
+# -- MatMul / BatchMatMul masks: reduce-and-broadcast against TF's own gradient --
+
+class _Values:
+    """The ``mctx`` a rule reads values through: here the tensors themselves."""
+
+    def value(self, t):
+        return tf.stop_gradient(t)
+
+
+def _both_matmul_masks(make, a, b, masks, dynamic):
+    """(new, old) operand masks of ``make(a, b)`` for each output mask, the new
+    ones by :func:`matmul_masks`, the old by TF's gradient."""
+    from hlo_guard.tf.mask_ops import materialize
+    from hlo_guard.tf.rules.structural import _probe_matmul_masks, matmul_masks
+
+    sig = None
+    if dynamic:
+        sig = [tf.TensorSpec([None] * np.ndim(x), tf.float32) for x in (a, b)] + \
+              [tf.TensorSpec([None] * np.ndim(masks[0]), tf.bool)]
+
+    @tf.function(input_signature=sig, autograph=False)
+    def run(a, b, m):
+        out = make(a, b)
+        assert out.shape.is_fully_defined() != dynamic
+        op = out.op
+        new = matmul_masks(_Values(), op, [m])
+        old = _probe_matmul_masks(_Values(), op, [m])
+        assert not any(x is NONE or x is ALL for x in new + old)  # masks of run-time values
+        return ([materialize(x, t) for x, t in zip(new, op.inputs)],
+                [materialize(x, t) for x, t in zip(old, op.inputs)])
+
+    for m in masks:
+        new, old = run(tf.constant(a, tf.float32), tf.constant(b, tf.float32), tf.constant(m))
+        for n, o, x in zip(new, old, (a, b)):
+            assert n.shape == np.shape(x)
+            np.testing.assert_array_equal(n.numpy(), o.numpy())
+
+
+def _random_masks(shape, seed):
+    rng = np.random.default_rng(seed)
+    return [rng.random(shape) < p for p in (0.03, 0.1, 0.3, 0.7)]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_masks_equal_gradient_masks(ta, tb, dynamic):
+    m_, k_, n_ = 6, 4, 5
+    a = np.ones((k_, m_) if ta else (m_, k_))
+    b = np.ones((n_, k_) if tb else (k_, n_))
+    make = lambda a, b: tf.raw_ops.MatMul(a=a, b=b, transpose_a=ta, transpose_b=tb)  # noqa: E731
+    _both_matmul_masks(make, a, b, _random_masks((m_, n_), 0), dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("op", ["BatchMatMulV2", "BatchMatMulV3"])
+@pytest.mark.parametrize("adj_x,adj_y", [(False, False), (True, False), (False, True), (True, True)])
+def test_batch_matmul_masks_equal_gradient_masks(adj_x, adj_y, op, dynamic):
+    """Batch dims broadcast both ways ([2, 1] against [3]) and a missing one."""
+    m_, k_, n_ = 3, 4, 5
+    a = np.ones((2, 1) + ((k_, m_) if adj_x else (m_, k_)))
+    b = np.ones((3,) + ((n_, k_) if adj_y else (k_, n_)))
+    raw = getattr(tf.raw_ops, op)
+    extra = {"Tout": tf.float32} if op == "BatchMatMulV3" else {}
+
+    def make(a, b):
+        return raw(x=a, y=b, adj_x=adj_x, adj_y=adj_y, **extra)
+
+    _both_matmul_masks(make, a, b, _random_masks((2, 3, m_, n_), 1), dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_batch_matmul_v1_masks_equal_gradient_masks(dynamic):
+    a, b = np.ones((2, 4, 3)), np.ones((2, 4, 5))
+    make = lambda a, b: tf.raw_ops.BatchMatMul(x=a, y=b, adj_x=True)  # noqa: E731
+    _both_matmul_masks(make, a, b, _random_masks((2, 3, 5), 2), dynamic)
+
+
+def _mlp_loss(w1, w2, x, mask):
+    h = tf.tanh(tf.matmul(x, w1))
+    n = tf.sqrt(tf.reduce_sum(h * h, axis=-1, keepdims=True))
+    z = tf.where(n > 0, h / n, 0.0)
+    logits = tf.matmul(z, w2)
+    per_row = tf.where(mask, tf.reduce_logsumexp(logits, axis=-1), 0.0)
+    return tf.reduce_sum(per_row)
+
+
+def test_guarded_mlp_gradient_has_no_extra_dots():
+    """The operand masks of a matmul cost no matmul of their own: the guarded
+    training step has as many ``dot`` instructions as the unguarded one."""
+    import re
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    x[-4:] = 0.0
+    mask = np.arange(16) < 12
+    args = [tf.constant(rng.normal(size=(8, 16)), tf.float32),
+            tf.constant(rng.normal(size=(16, 4)), tf.float32), tf.constant(x), tf.constant(mask)]
+
+    def step(loss):
+        def run(w1, w2, x, mask):
+            with tf.GradientTape() as tape:
+                tape.watch([w1, w2])
+                y = loss(w1, w2, x, mask)
+            return tape.gradient(y, [w1, w2])
+        return tf.function(run, jit_compile=True)
+
+    def dots(fn):
+        hlo = fn.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
+        return len(re.findall(r"\bdot\(", hlo))
+
+    guarded = step(hg.guard(_mlp_loss))
+    plain = step(_mlp_loss)
+    got = [g.numpy() for g in guarded(*args)]
+    assert all(np.isfinite(g).all() for g in got)
+    assert dots(plain) > 0
+    assert dots(guarded) <= dots(plain)

@@ -108,3 +108,27 @@ def reduce_to(m, out: tf.Tensor, operand: tf.Tensor):
 def to_float(m, like: tf.Tensor) -> tf.Tensor:
     """The mask as 0/1 in ``like``'s dtype (a cotangent seed)."""
     return tf.cast(materialize(m, like), like.dtype)
+
+
+def reduce_to_shape(m: tf.Tensor, shape: tf.Tensor, static: tf.TensorShape) -> tf.Tensor:
+    """OR-reduce a boolean tensor back to ``shape`` (a 1-D int32 tensor, whose
+    trace-time value ``static`` may be partly unknown; ``shape`` may be None
+    when ``static`` and ``m.shape`` are fully known), over the dimensions a
+    tensor of that shape would be implicitly broadcast along to reach ``m``'s
+    shape: leading extra dimensions and size-1 dimensions.
+
+    With both shapes known at trace time the axes are computed here; otherwise
+    ``BroadcastGradientArgs`` finds them at run time, following TF's
+    broadcasting rules exactly.
+    """
+    have = m.shape
+    if static.is_fully_defined() and have.is_fully_defined():
+        target, got = static.as_list(), have.as_list()
+        lead = len(got) - len(target)
+        axes = list(range(lead)) + [lead + i for i, d in enumerate(target)
+                                    if d == 1 and got[lead + i] != 1]
+        if not axes:
+            return m
+        return tf.reshape(tf.reduce_any(m, axis=axes), target)
+    axes, _ = tf.raw_ops.BroadcastGradientArgs(s0=shape, s1=tf.shape(m, out_type=tf.int32))
+    return tf.reshape(tf.reduce_any(m, axis=axes), shape)

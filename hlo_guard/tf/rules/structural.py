@@ -3,15 +3,17 @@
 For every operation here TF's derivative is a linear map with 0/1 (or
 positive) coefficients -- gather, slices, concat, stack, reshape, transpose,
 broadcast, tile, pad, sums and means -- or becomes one when the other operand
-of a bilinear operation (``MatMul``, ``BatchMatMulV2``, ``Conv2D``) is replaced
-by ones.  So one generic rule serves them all: build a *probe* copy of the
-operation whose differentiable inputs are zeros, and ask TF's own registered
+of a bilinear operation (``Conv2D``; ``MatMul``/``BatchMatMul*`` have their
+own rule, below) is replaced by ones.  So one generic rule serves them all:
+build a *probe* copy of the operation whose differentiable inputs are zeros, and ask TF's own registered
 gradient (``tf.gradients``) what it sends back for the 0/1 output mask; an
 input lane is live iff that is non-zero.  Because it *is* TF's gradient, the
 mask follows TF's conventions (negative strides, out-of-range gather indices,
 duplicate indices) without restating them, and it works for dynamic shapes.
 
-Reshape-like operations keep a cheaper boolean reshape/transpose.
+Reshape-like operations keep a cheaper boolean reshape/transpose, and
+matrix products a boolean reduce-and-broadcast (:class:`MatMul`): probing them
+would cost a matmul as large as the program's own.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from passes.lattice import LIVE, NO_DERIVATIVE
 from passes.masks import ALL, NONE
 
 from hlo_guard.tf.graph import is_inexact
-from hlo_guard.tf.mask_ops import is_sentinel, normalize, to_float
+from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, to_float
 from hlo_guard.tf.opcopy import copy_op
 from hlo_guard.tf.rules.base import TFRule, dropping, joined
 
@@ -109,6 +111,87 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None) -> List
     return [found.get(i, NONE) for i in range(n)]
 
 
+def _probe_matmul_masks(mctx, op, out_masks) -> List:
+    """The matmul masks by TF's own gradient with the other operand replaced
+    by ones (exact, but a matmul as large as the program's own).  Kept as the
+    reference :class:`MatMul` is tested against."""
+    return probe_masks(mctx, op, out_masks, bilinear=True)
+
+
+def _shape_of(mctx, t: tf.Tensor) -> tf.Tensor:
+    """The shape of input ``t`` as a 1-D int32 tensor (a constant when known)."""
+    if t.shape.is_fully_defined():
+        return tf.constant(t.shape.as_list(), tf.int32)
+    return tf.shape(mctx.value(t), out_type=tf.int32)
+
+
+def matmul_masks(mctx, op, out_masks) -> List:
+    """Operand masks of ``MatMul``/``BatchMatMul``/``BatchMatMulV2``/``V3``
+    without contracting anything.
+
+    With the other operand replaced by ones, ``out[..., i, j]`` reads
+    ``a[..., i, k]`` for every ``k``: lane ``(..., i, k)`` of ``a`` is live
+    iff ``any(out_mask[..., i, :])``, whatever ``k``; symmetrically lane
+    ``(..., k, j)`` of ``b`` iff ``any(out_mask[..., :, j])``.  A transposed
+    (``transpose_a``/``transpose_b``) or adjoint (``adj_x``/``adj_y``;
+    conjugation is irrelevant to a mask) operand holds the same lanes with its
+    last two dimensions swapped; a batch dimension an operand broadcasts
+    (size 1, or missing, in ``BatchMatMulV2``/``V3``) is OR-reduced.  The
+    result equals :func:`_probe_matmul_masks`.
+    """
+    n = len(op.inputs)
+    out = out_masks[0]
+    diff = [is_inexact(t.dtype) for t in op.inputs[:2]]
+    if out is NONE or not any(diff):
+        return [NONE] * n
+    if out is ALL:
+        return [ALL if d else NONE for d in diff] + [NONE] * (n - 2)
+    if op.type == "MatMul":
+        swap_a, swap_b = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+        batched = False
+    else:
+        swap_a, swap_b = op.get_attr("adj_x"), op.get_attr("adj_y")
+        batched = True
+    result = [NONE] * n
+    with tf.name_scope("hlo_guard_matmul_mask"):
+        # a: [..., M, K] (or [..., K, M]) is read by out row i; b: [..., K, N]
+        # (or [..., N, K]) by out column j
+        keeps = [tf.expand_dims(tf.reduce_any(out, axis=-1), -2 if swap_a else -1),
+                 tf.expand_dims(tf.reduce_any(out, axis=-2), -1 if swap_b else -2)]
+        for i, keep in enumerate(keeps):
+            if not diff[i]:
+                continue
+            t = op.inputs[i]
+            static = t.shape
+            known = static.is_fully_defined()
+            if batched:  # back to the operand's batch shape, the contracting dim 1
+                if static.rank is not None and keep.shape.rank is not None:
+                    target_static = static[:-2].concatenate(keep.shape[-2:])
+                else:
+                    target_static = tf.TensorShape(None)
+                if target_static.is_fully_defined() and keep.shape.is_fully_defined():
+                    target = None  # reduce_to_shape works from the static shapes
+                else:
+                    target = tf.concat([_shape_of(mctx, t)[:-2],
+                                        tf.shape(keep, out_type=tf.int32)[-2:]], 0)
+                keep = reduce_to_shape(keep, target, target_static)
+            if not (known and keep.shape == static):
+                keep = tf.broadcast_to(keep, static.as_list() if known else _shape_of(mctx, t))
+            result[i] = normalize(keep)
+    return result
+
+
+class MatMul(Structural):
+    """``MatMul``/``BatchMatMul*``: a reduce-and-broadcast, no contraction
+    (:func:`matmul_masks`)."""
+
+    def __init__(self):
+        super().__init__(guards=True, bilinear=True)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        return matmul_masks(mctx, op, out_masks)
+
+
 class ReshapeLike(Structural):
     """Reshape/ExpandDims/Squeeze/Identity-shaped: the mask is reshaped back."""
 
@@ -173,8 +256,7 @@ def register(table):
     table.register("Prod", Structural(guards=True, probe_type="Sum"))
     table.register("Cumprod", Structural(guards=True, probe_type="Cumsum"))
     # bilinear: the other operand replaced by ones
-    table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"],
-                   Structural(guards=True, bilinear=True))
+    table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"], MatMul())
     table.register(["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
                    Structural(_always, guards=True, bilinear=True))
     # lanes mix nonlinearly along an axis: not followed
