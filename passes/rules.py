@@ -15,6 +15,14 @@ operation's name.  The engine only needs the *static* half of a rule:
 A front end's rules add a method that computes per-lane masks in its own array
 operations; the engine reaches it through :class:`passes.masks.MaskResolver`.
 An operation with no rule is treated as fully live and reported.
+
+Optionally, for forward mode (:func:`passes.analysis.analyze_forward`):
+
+* ``forward(analysis, node, ins)`` -- tangent liveness of the outputs from that
+  of the inputs (default when absent: fully live);
+* ``guards_output(analysis, node, index)`` -- whether an output whose input
+  tangents are partly structurally zero needs a guard (planned by
+  :func:`passes.planning.plan_output_guards`).
 """
 from __future__ import annotations
 
