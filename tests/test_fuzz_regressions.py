@@ -198,3 +198,19 @@ def test_fuzz_arccos_of_maximum_with_broadcast_operand():
     and 2 tie: half of it each; lane 3: nothing), the guard gives NaN."""
     root = Unary("arccos", Binary("maximum", Slice(Leaf("x"), 0, 1, 1), Leaf("x")))
     check_program(root, f32(0, 0, 0, 1), f32(0, 0, 0, 0))
+
+
+def test_generator_binary_node_has_the_requested_length():
+    """Fuzzer harness bug (not the pass), found by ``make fuzz``: a binary node
+    whose two operands were both drawn broadcast (length 1) had length 1, not the
+    requested n, so a ``where`` built around it had incompatible shapes and plain
+    JAX itself raised.  Every generated program must be well-shaped."""
+    from hypothesis import given, settings
+    from fuzzlib.strategies import nodes
+
+    @settings(max_examples=200, deadline=None, derandomize=True)
+    @given(nodes(3, 3))
+    def check(node):
+        assert node.length == 3
+
+    check()

@@ -83,8 +83,10 @@ def nodes(draw, n, depth):
     if kind == "unary":
         return Unary(draw(st.sampled_from(sorted(UNARY))), sub(n))
     if kind == "binary":
-        return Binary(draw(st.sampled_from(sorted(BINARY))),
-                      sub(_operand_length(draw, n)), sub(_operand_length(draw, n)))
+        a, b = sub(_operand_length(draw, n)), sub(_operand_length(draw, n))
+        if a.length != n and b.length != n:  # two broadcast operands would make length 1
+            a = sub(n)
+        return Binary(draw(st.sampled_from(sorted(BINARY))), a, b)
     if kind == "maxmin":
         a, b = sub(_operand_length(draw, n)), sub(_operand_length(draw, n))
         if a.length != n and b.length != n:
