@@ -214,3 +214,17 @@ def test_generator_binary_node_has_the_requested_length():
         assert node.length == 3
 
     check()
+
+
+def test_fuzz_forward_mode_arccos_of_maximum_with_nan_lane():
+    """Core finding by ``make fuzz`` (fixed): ``arccos(maximum(x[0:1], x[0:2]))`` with
+    ``x[1]`` NaN.  No operand equals the NaN result, so JAX's forward rule gives that
+    lane the tangent ``t * 0`` -- structurally zero -- and ``arccos'(NaN) * 0`` made
+    every column of ``jacfwd`` NaN, where the per-lane oracle has no derivative in
+    that lane.  max/min/clamp outputs are now never statically fully live in forward
+    mode, so the arccos output is guarded."""
+    root = Unary("arccos", Binary("maximum", Slice(Leaf("x"), 0, 1, 1),
+                                  Slice(Leaf("x"), 0, 2, 1)))
+    from fuzzlib.checks import check_forward_mode
+    check_forward_mode(root, f32(0, np.nan, 0, 0), f32(0, 0, 0, 0))
+    check_program(root, f32(0, np.nan, 0, 0), f32(0, 0, 0, 0))

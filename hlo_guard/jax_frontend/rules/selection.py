@@ -22,7 +22,7 @@ import numpy as np
 from passes.lattice import NO_DERIVATIVE, case_of, dead_by, partial_by
 from passes.masks import ALL, NONE
 
-from hlo_guard.jax_frontend.graph import is_literal
+from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.mask_ops import (and_, broadcast_to, normalize,
                                               reduce_to_shape, xp)
 from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, dropping,
@@ -33,6 +33,21 @@ def _chosen_forward(chosen_masks, in_masks, shape):
     """OR over operands of (operand chosen) AND (operand's tangent live)."""
     return or_all(and_(normalize(broadcast_to(c, shape)), broadcast_to(m, shape), shape)
                   for c, m in zip(chosen_masks, in_masks))
+
+
+def forward_chosen(fa, node, ins):
+    """``max``/``min``/``clamp``: even with every operand's tangent live, a lane
+    where no operand equals the result (a NaN) gets JAX's tangent ``t * 0`` from
+    every side -- structurally zero, and ``arccos'(NaN) * 0`` downstream is NaN
+    where the per-lane program has no derivative at all.  So the output is never
+    statically fully live in forward mode."""
+    eqn = fa.graph.eqns[node]
+    floats = [lv for v, lv in zip(eqn.invars, ins) if is_inexact_aval(v.aval)]
+    if not any(lv.reaches_output for lv in floats):
+        return [NO_DERIVATIVE] * len(eqn.outvars)
+    placed = forward_placed(fa, node, ins)[0]
+    out = placed if not placed.is_live else partial_by(fa.graph.origin(node))
+    return [out] * len(eqn.outvars)
 
 
 class SelectN(JaxRule):
@@ -128,7 +143,7 @@ class MaxMin(JaxRule):
         return and_(out_masks[0], chosen, shape)
 
     def forward(self, fa, node, ins):
-        return forward_placed(fa, node, ins)
+        return forward_chosen(fa, node, ins)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         shape = aval_shape(eqn.outvars[0])
@@ -173,7 +188,7 @@ class Clamp(JaxRule):
         return and_(out_masks[0], normalize(broadcast_to(chosen, shape)), shape)
 
     def forward(self, fa, node, ins):
-        return forward_placed(fa, node, ins)
+        return forward_chosen(fa, node, ins)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         shape = aval_shape(eqn.outvars[0])
