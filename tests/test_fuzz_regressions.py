@@ -14,7 +14,7 @@ import pytest
 
 import hlo_guard
 from fuzzlib.checks import check_program
-from fuzzlib.program import Binary, Clip, Const, Gather, Leaf, Reduce, SetAt, Slice, Unary
+from fuzzlib.program import Binary, Clip, Const, Gather, Leaf, Reduce, SetAt, Slice, Unary, Where
 
 SUBNORMAL = float(np.nextafter(np.float32(0), np.float32(1)))
 
@@ -228,3 +228,18 @@ def test_fuzz_forward_mode_arccos_of_maximum_with_nan_lane():
     from fuzzlib.checks import check_forward_mode
     check_forward_mode(root, f32(0, np.nan, 0, 0), f32(0, 0, 0, 0))
     check_program(root, f32(0, np.nan, 0, 0), f32(0, 0, 0, 0))
+
+
+def test_fuzz_forward_mode_broadcast_literal_times_inf():
+    """Core finding by ``make fuzz`` (fixed): ``where(p, x[[0, 3, 0]] * full(1, 0.), 0)``
+    with ``x[3] = inf``.  The implicitly broadcast constant went through the guard's
+    custom JVP, which instantiated its symbolic-zero tangent: ``inf * 0`` = NaN in
+    every jacfwd column.  Operands with symbolic-zero tangents now stay out of it."""
+    lo = Where("eq", Const(0.0, 1), Const(0.0, 1), Slice(Leaf("x"), 0, 3, 1), Const(0.0, 1))
+    hi = Binary("add", Const(0.0, 1), Const(1.0, 1))
+    root = Where("eq", Clip(Const(0.0, 3), lo, hi), Const(0.0, 1),
+                 Binary("mul", Gather(Leaf("x"), (0, 3, 0)), Const(0.0, 1)),
+                 Const(0.0, 1))
+    from fuzzlib.checks import check_forward_mode
+    check_forward_mode(root, f32(0, 0, 1, np.inf), f32(0, 0, 0, 0))
+    check_program(root, f32(0, 0, 1, np.inf), f32(0, 0, 0, 0))

@@ -27,6 +27,7 @@ import numpy as np
 from jax import lax
 from jax._src import source_info_util
 from jax._src.core import eval_jaxpr
+from jax.custom_derivatives import SymbolicZero
 
 from passes.analysis import Analysis, analyze_forward
 from passes.lattice import LIVE
@@ -407,16 +408,38 @@ def bind_with_broadcast_guards(eqn, invals, masks):
     def op(*args):
         return apply(*args[:n])
 
-    @op.defjvp
     def op_jvp(primals, tangents):
         vals, tans = list(primals[:n]), list(tangents[:n])
-        for i, m in zip(index, primals[n:]):
+        masks = dict(zip(index, primals[n:]))
+        for i in index:
             vals[i] = lax_broadcast(vals[i], out_shape)
-            t = lax_broadcast(tans[i], out_shape)
-            tans[i] = lax.select(m, t, lax.full_like(t, 0))
-        return jax.jvp(apply, vals, tans)
+        # Operands whose tangent is a symbolic zero (literals, constants) stay out
+        # of the JVP: instantiating them would bring back 0 * inf (x * 0.0 at inf).
+        live = [i for i in range(n) if not isinstance(tans[i], SymbolicZero)]
+        if not live:
+            return apply(*vals), jax.tree_util.tree_map(jnp_zeros_like, apply(*vals))
+        live_tans = []
+        for i in live:
+            t = tans[i]
+            if i in masks:
+                t = lax_broadcast(t, out_shape)
+                t = lax.select(masks[i], t, lax.full_like(t, 0))
+            live_tans.append(t)
+
+        def of_live(*xs):
+            args = list(vals)
+            for i, x in zip(live, xs):
+                args[i] = x
+            return apply(*args)
+        return jax.jvp(of_live, [vals[i] for i in live], live_tans)
+
+    op.defjvp(op_jvp, symbolic_zeros=True)
 
     return [op(*invals, *mask_args)]
+
+
+def jnp_zeros_like(x):
+    return lax.full_like(x, 0)
 
 
 def lax_broadcast(x, shape):
