@@ -394,8 +394,7 @@ def bind_with_broadcast_guards(eqn, invals, masks):
     untouched, and in reverse mode the dead lanes' contributions are selected
     to zero *before* the broadcast's transpose sums them."""
     prim = eqn.primitive
-    params = prim.get_bind_params(eqn.params)[1] if isinstance(
-        prim.get_bind_params(eqn.params), tuple) else eqn.params
+    params = eqn.params  # elementwise/selection primitives: no sub-jaxprs to convert
     out_shape = tuple(eqn.outvars[0].aval.shape)
     index = sorted(masks)
     n = len(invals)
@@ -417,7 +416,8 @@ def bind_with_broadcast_guards(eqn, invals, masks):
         # of the JVP: instantiating them would bring back 0 * inf (x * 0.0 at inf).
         live = [i for i in range(n) if not isinstance(tans[i], SymbolicZero)]
         if not live:
-            return apply(*vals), jax.tree_util.tree_map(jnp_zeros_like, apply(*vals))
+            out = apply(*vals)
+            return out, lax.full_like(out, 0)
         live_tans = []
         for i in live:
             t = tans[i]
@@ -436,10 +436,6 @@ def bind_with_broadcast_guards(eqn, invals, masks):
     op.defjvp(op_jvp, symbolic_zeros=True)
 
     return [op(*invals, *mask_args)]
-
-
-def jnp_zeros_like(x):
-    return lax.full_like(x, 0)
 
 
 def lax_broadcast(x, shape):

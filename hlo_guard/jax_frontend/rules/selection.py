@@ -77,27 +77,22 @@ class SelectN(JaxRule):
         def case_mask(i):
             if i == 0:
                 return NONE
-            k = i - 1
-            p = mctx.value(eqn.invars[0])
-            m = xp(p)
-            if np.dtype(eqn.invars[0].aval.dtype) == np.bool_:
-                chosen = p if k == 1 else m.logical_not(p)
-            else:
-                chosen = m.equal(p, k)
+            chosen = self._case_chosen(mctx, eqn, i - 1)
             return and_(out, normalize(broadcast_to(chosen, shape)), shape)
         return LazyMasks(case_mask, len(eqn.invars))
 
-    def _chosen(self, mctx, eqn):
-        shape = aval_shape(eqn.outvars[0])
+    @staticmethod
+    def _case_chosen(mctx, eqn, k):
+        """Lanes where the select takes case ``k`` (a bool predicate: 0 = False)."""
         p = mctx.value(eqn.invars[0])
         m = xp(p)
-        chosen = []
-        for k in range(len(eqn.invars) - 1):
-            if np.dtype(eqn.invars[0].aval.dtype) == np.bool_:
-                chosen.append(p if k == 1 else m.logical_not(p))
-            else:
-                chosen.append(m.equal(p, k))
-        return chosen, shape
+        if np.dtype(eqn.invars[0].aval.dtype) == np.bool_:
+            return p if k == 1 else m.logical_not(p)
+        return m.equal(p, k)
+
+    def _chosen(self, mctx, eqn):
+        chosen = [self._case_chosen(mctx, eqn, k) for k in range(len(eqn.invars) - 1)]
+        return chosen, aval_shape(eqn.outvars[0])
 
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
