@@ -15,21 +15,24 @@
 """
 from __future__ import annotations
 
+import weakref
+
 from passes.lattice import LIVE, NO_DERIVATIVE, join_all
 
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 
-_RISKY_CACHE = {}
+#: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
+#: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
+_RISKY_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def body_is_risky(jaxpr) -> bool:
     """Whether a body holds an operation whose derivative may be non-finite
     (or one we know nothing about): only then are a call's outputs guarded."""
-    key = id(jaxpr)
-    hit = _RISKY_CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _RISKY_CACHE.get(jaxpr)
+    if hit is not None:
+        return hit
     from hlo_guard.jax_frontend.rules import RULES
     risky = False
     for eqn in jaxpr.eqns:
@@ -43,7 +46,7 @@ def body_is_risky(jaxpr) -> bool:
             risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
         if risky:
             break
-    _RISKY_CACHE[key] = (jaxpr, risky)
+    _RISKY_CACHE[jaxpr] = risky
     return risky
 
 
@@ -239,7 +242,7 @@ class CustomCall(JaxRule):
 
 _LANEWISE_KINDS = ("elementwise", "zero-derivative")
 _LANEWISE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim"}
-_LANEWISE_CACHE = {}
+_LANEWISE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> {shape: bool}
 
 
 def is_lanewise_call(eqn) -> bool:
@@ -258,10 +261,10 @@ def is_lanewise_call(eqn) -> bool:
 
 
 def _body_lanewise(jaxpr, shape) -> bool:
-    key = (id(jaxpr), shape)
-    hit = _LANEWISE_CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    per_shape = _LANEWISE_CACHE.setdefault(jaxpr, {})
+    hit = per_shape.get(shape)
+    if hit is not None:
+        return hit
     from hlo_guard.jax_frontend.rules import RULES
     ok = True
     for e in jaxpr.eqns:
@@ -281,7 +284,7 @@ def _body_lanewise(jaxpr, shape) -> bool:
                 ok = rule is not None and rule.kind in _LANEWISE_KINDS
         if not ok:
             break
-    _LANEWISE_CACHE[key] = (jaxpr, ok)
+    per_shape[shape] = ok
     return ok
 
 
