@@ -222,5 +222,9 @@ def trace(fn, avals, treedef, static, n_args, static_argnums=(), static_argnames
     attach_debug_info(flat_fn, fn, example_args, example_kwargs,
                       tuple(static_argnums), tuple(static_argnames))
     closed = jax.make_jaxpr(flat_fn)(*specs)
-    analysis = analyze(JaxprGraph(closed.jaxpr), RULES)
+    # Closed-over arrays are constants (no derivative, never guarded) -- unless
+    # they are tracers of an enclosing transformation, which do carry one.
+    constant = [v for v, c in zip(closed.jaxpr.constvars, closed.consts)
+                if not isinstance(c, jax.core.Tracer)]
+    analysis = analyze(JaxprGraph(closed.jaxpr, constant_inputs=constant), RULES)
     return TracedProgram(closed, analysis, treedef, out_tree_box[-1])

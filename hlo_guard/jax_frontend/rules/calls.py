@@ -50,6 +50,13 @@ def body_is_risky(jaxpr) -> bool:
     return risky
 
 
+def constant_body_inputs(graph, args, body):
+    """The inputs of ``body`` that hold constants: its own closed-over consts and
+    the parameters the caller passes a constant (literal ``0.1`` into ``clip``)."""
+    return list(body.constvars) + [v for v, a in zip(body.invars, args)
+                                   if graph.is_constant(a)]
+
+
 def open_jaxpr(obj):
     """(open jaxpr, consts) of a ClosedJaxpr or a Jaxpr param."""
     if hasattr(obj, "jaxpr") and hasattr(obj, "consts"):
@@ -78,6 +85,8 @@ def body_of(eqn):
 
 
 def scope_name(parent_scope: str, eqn) -> str:
+    if eqn.primitive.name in ("jit", "pjit") and eqn.params.get("inline"):
+        return parent_scope  # jnp's inline wrappers (jit(sqrt)): not a scope to users
     name = eqn.params.get("name")
     label = f"{eqn.primitive.name}({name})" if name else eqn.primitive.name
     return f"{parent_scope}/{label}" if parent_scope else label
@@ -92,7 +101,8 @@ class Call(JaxRule):
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn))
+        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn),
+                           constant_body_inputs(analysis.graph, eqn.invars, body))
         sub = analysis.analyze_sub(node, 0, graph, outs)
         return [sub.value_liveness(v) for v in body.invars]
 
@@ -106,7 +116,8 @@ class Call(JaxRule):
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn))
+        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn),
+                           constant_body_inputs(fa.graph, eqn.invars, body))
         sub = fa.analyze_sub(node, 0, graph, list(ins) + [LIVE] * len(body.constvars))
         return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE
                 for v in body.outvars]
@@ -143,7 +154,9 @@ class ControlFlow(JaxRule):
         name = eqn.primitive.name
         noted = False
         for k, (body, _) in enumerate(control_bodies(eqn)):
-            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]")
+            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]",
+                               constant_body_inputs(analysis.graph, eqn.invars[1:], body)
+                               if name == "cond" else body.constvars)
             if name == "cond":
                 body_outs = list(outs)
             elif name == "scan":
