@@ -123,3 +123,25 @@ def attach_debug_info(flat_fn, fn, args, kwargs, static_argnums, static_argnames
     except Exception:  # pragma: no cover - names are a courtesy, never a failure
         return False
     return True
+
+
+def primitive_jvp(prim):
+    """JAX's own JVP rule of ``prim``, a maker of symbolic-zero tangents and
+    the symbolic-zero type; or None.  Used to differentiate an implicitly
+    broadcasting operation at its *unbroadcast* primals with a broadcast
+    (guarded) tangent, so that its derivative is computed as plain JAX
+    computes it (same operand shapes, so the same kernels and rounding)."""
+    try:
+        from jax._src import ad_util
+        from jax._src.interpreters import ad
+    except ImportError:  # pragma: no cover
+        return None
+    rule = ad.primitive_jvps.get(prim)
+    if rule is None:
+        return None
+
+    def zero(x):
+        import jax
+        return ad_util.Zero(jax.typeof(x).to_tangent_aval())
+
+    return rule, zero, ad_util.Zero
