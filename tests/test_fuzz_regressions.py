@@ -16,7 +16,6 @@ import hlo_guard
 from fuzzlib.checks import check_program
 from fuzzlib.program import Binary, Clip, Const, Gather, Leaf, Reduce, SetAt, Slice, Unary, Where
 
-SUBNORMAL = float(np.nextafter(np.float32(0), np.float32(1)))
 
 
 def f32(*values):
