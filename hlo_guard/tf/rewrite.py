@@ -98,8 +98,13 @@ def _import(graph_def, input_map, output_names, scope):
                 node.attr["_class"].list.s.extend(keep)
             else:
                 del node.attr["_class"]
+    # an argument the graph never reads (a loss ignoring ``y_true``, a loop
+    # counter autograph folded away) has no consumer left once its placeholder
+    # is removed, and ``import_graph_def`` rejects a mapping it cannot place
+    read = _tensors_read(trimmed)
+    used_map = {k: v for k, v in input_map.items() if _canonical(k) in read}
     node_names = [n.name for n in trimmed.node]
-    ops = tf.graph_util.import_graph_def(trimmed, input_map=input_map,
+    ops = tf.graph_util.import_graph_def(trimmed, input_map=used_map,
                                          return_elements=node_names, name=scope)
     graph = tf.compat.v1.get_default_graph()
     prefix = ops[0].name[:len(ops[0].name) - len(node_names[0])] if ops else \
@@ -107,6 +112,16 @@ def _import(graph_def, input_map, output_names, scope):
     outputs = [input_map[n] if n in input_map else graph.get_tensor_by_name(prefix + n)
                for n in output_names]
     return list(ops), outputs, prefix
+
+
+def _canonical(tensor_name: str) -> str:
+    """``"x"`` and ``"x:0"`` name the same tensor."""
+    return tensor_name if ":" in tensor_name else tensor_name + ":0"
+
+
+def _tensors_read(graph_def) -> Set[str]:
+    """Every tensor some node of ``graph_def`` (top level) reads as a data input."""
+    return {_canonical(i) for n in graph_def.node for i in n.input if not i.startswith("^")}
 
 
 class Builder:
