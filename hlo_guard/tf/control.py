@@ -54,12 +54,15 @@ def guard_bodies(graph, library, body_locations=None,
                     continue
                 new_name, record = guard_function(fdef, inputs, library,
                                                   body_locations or {}, depth)
+                label = attr if len(funcs) == 1 and not isinstance(value, (list, tuple)) \
+                    else f"{attr}[{k}]"
                 if new_name is None:
+                    # unchanged, but its unguarded sites still belong in the report
+                    if _has_unguarded(record):
+                        results.append((op.name, label, record))
                     continue
                 names[k] = new_name
                 changed = True
-                label = attr if len(funcs) == 1 and not isinstance(value, (list, tuple)) \
-                    else f"{attr}[{k}]"
                 results.append((op.name, label, record))
             if not changed:
                 continue
@@ -68,6 +71,16 @@ def guard_bodies(graph, library, body_locations=None,
             else:
                 op._set_func_attr(attr, names[0])  # pylint: disable=protected-access
     return results
+
+
+def _has_unguarded(record) -> bool:
+    return bool(record.unguarded or record.skipped) or any(
+        _has_unguarded(sub) for _, _, sub in record.nested)
+
+
+def _changed(record) -> bool:
+    """Whether a body got a guard, itself or in a body nested in it."""
+    return bool(record.applied) or any(_changed(sub) for _, _, sub in record.nested)
 
 
 def guard_function(fdef, inputs, library, body_locations, depth):
@@ -93,7 +106,7 @@ def guard_function(fdef, inputs, library, body_locations, depth):
     body.__name__ = fdef.signature.name + "_hlo_guard"
     concrete = tf.function(body, input_signature=specs, autograph=False).get_concrete_function()
     record = holder["record"]
-    if not record.applied and not record.nested:
+    if not _changed(record):
         return None, record
     graph = tf.compat.v1.get_default_graph()
     concrete.add_to_graph(graph)

@@ -44,15 +44,22 @@ class Structural(TFRule):
     ``drops(op, i)`` says whether input ``i`` can have lanes no output reads
     (a slice, a gather, the padding constant); only then does a fully live
     output make the input partly dead.
+
+    ``probe_type`` names a linear stand-in whose gradient has the same lane
+    structure (``Prod`` probed as ``Sum``); a dict maps op type to stand-in.
+    ``real_values`` probes with the operation's actual inputs instead of
+    zeros: for a choosing reduction (``SegmentMax``) the lanes that reach the
+    output depend on the values, and TF's gradient reads them.
     """
     kind = "structural"
 
     def __init__(self, drops: Callable = _never, *, guards: bool = False,
-                 bilinear: bool = False, probe_type: Optional[str] = None):
+                 bilinear: bool = False, probe_type=None, real_values: bool = False):
         self.drops = drops
         self.guards = guards
         self.bilinear = bilinear
         self.probe_type = probe_type  # e.g. Prod probed as Sum
+        self.real_values = real_values
 
     def transfer(self, analysis, node, outs):
         op = analysis.graph.op(node)
@@ -69,11 +76,15 @@ class Structural(TFRule):
         return result
 
     def input_masks(self, mctx, node, op, out_masks):
+        probe_type = self.probe_type
+        if isinstance(probe_type, dict):
+            probe_type = probe_type[op.type]
         return probe_masks(mctx, op, out_masks, bilinear=self.bilinear,
-                           probe_type=self.probe_type)
+                           probe_type=probe_type, real_values=self.real_values)
 
 
-def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None) -> List:
+def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
+                real_values=False) -> List:
     diff = [i for i, t in enumerate(op.inputs) if is_inexact(t.dtype)]
     n = len(op.inputs)
     if not diff or all(m is NONE for m in out_masks):
@@ -88,7 +99,8 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None) -> List
             zeros = {}
             for i in diff:
                 if i in group:
-                    zeros[i] = args[i] = tf.zeros_like(vals[i])
+                    zeros[i] = args[i] = tf.identity(vals[i]) if real_values \
+                        else tf.zeros_like(vals[i])
                 elif bilinear:
                     args[i] = tf.ones_like(vals[i])
                 else:
@@ -233,6 +245,10 @@ def _padv2_drops(op, i):
     return i == 2  # the constant value reaches only the padding lanes
 
 
+def _first_input_drops(op, i):
+    return i == 0
+
+
 def _scatter_update_drops(op, i):
     return True  # overwritten operand lanes; updates may collide
 
@@ -244,13 +260,29 @@ def register(table):
     table.register(["ConcatV2", "Concat", "Pack", "BroadcastTo", "Tile", "Pad",
                     "MirrorPad", "Reverse", "ReverseV2", "Sum", "Mean", "Cumsum",
                     "BiasAdd", "BiasAddV1", "Fill", "Roll", "ScatterNd",
-                    "TensorScatterAdd", "UnsortedSegmentSum", "SegmentSum",
+                    "TensorScatterAdd",
                     "MatrixDiag", "MatrixDiagV3", "MatrixDiagPart", "MatrixDiagPartV3",
                     "SpaceToDepth", "DepthToSpace", "Unpack", "Split", "SplitV",
                     "ReverseSequence"], same)
     table.register(["GatherV2", "Gather", "GatherNd", "StridedSlice", "Slice",
                     "ResourceGather"], Structural(_always))
     table.register("PadV2", Structural(_padv2_drops))
+    # segment reductions drop the lanes whose id is negative or >= num_segments
+    # (unsorted) or that no index selects (sparse); TF's gradient gathers them
+    # back with ``_GatherDropNegatives``, so the probe sees exactly those lanes
+    segment_sums = ["UnsortedSegmentSum", "SegmentSum", "SegmentSumV2", "SegmentMean",
+                    "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+                    "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+                    "SparseSegmentSqrtNWithNumSegments"]
+    table.register(segment_sums, Structural(_first_input_drops))
+    table.register(["UnsortedSegmentProd", "SegmentProd", "SegmentProdV2"],
+                   Structural(_first_input_drops, guards=True, probe_type={
+                       "UnsortedSegmentProd": "UnsortedSegmentSum",
+                       "SegmentProd": "SegmentSum", "SegmentProdV2": "SegmentSumV2"}))
+    # max/min also drop the lanes that are not the segment's extremum
+    table.register(["UnsortedSegmentMax", "UnsortedSegmentMin", "SegmentMax", "SegmentMin",
+                    "SegmentMaxV2", "SegmentMinV2"],
+                   Structural(_first_input_drops, real_values=True))
     table.register(["TensorScatterUpdate"], Structural(_scatter_update_drops))
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register("Prod", Structural(guards=True, probe_type="Sum"))
@@ -269,6 +301,17 @@ def register(table):
                 "are not followed across the boundary; its inputs are kept fully live")
     for name in ["If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"]:
         table.register(name, Conservative(boundary.format(name)))
+    # TensorList (TensorArray, map_fn, autograph loops): its lanes live in a
+    # variant handle; dead lanes arriving here are not followed into the list
+    # (and so not across the loop boundary that carries it)
+    tensor_list = ("'{}': dead lanes are not followed into a TensorList (TensorArray, "
+                   "map_fn, loop accumulators); what produced the list is kept fully live")
+    for name in ["TensorListGetItem", "TensorListSetItem", "TensorListStack",
+                 "TensorListFromTensor", "TensorListGather", "TensorListScatter",
+                 "TensorListScatterV2", "TensorListScatterIntoExistingList",
+                 "TensorListPushBack", "TensorListPopBack", "TensorListConcatV2",
+                 "TensorListSplit", "TensorListReserve"]:
+        table.register(name, Conservative(tensor_list.format(name)))
     opaque = ("call '{}' was not inlined; neither its body nor its boundary is "
               "rewritten; its inputs are kept fully live")
     for name in ["PartitionedCall", "StatefulPartitionedCall"]:
