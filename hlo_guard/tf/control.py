@@ -80,7 +80,8 @@ def _has_unguarded(record) -> bool:
 
 def _changed(record) -> bool:
     """Whether a body got a guard, itself or in a body nested in it."""
-    return bool(record.applied) or any(_changed(sub) for _, _, sub in record.nested)
+    return bool(record.applied or record.output_guards) or any(
+        _changed(sub) for _, _, sub in record.nested)
 
 
 def guard_function(fdef, inputs, library, body_locations, depth):

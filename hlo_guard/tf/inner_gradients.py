@@ -35,28 +35,76 @@ def is_gradient_op_name(name: str) -> bool:
     return any(_GRADIENT_SCOPE.match(p) for p in parts)
 
 
-def _first_gradient_op(graph) -> Optional[object]:
-    for op in graph.get_operations():
-        if is_gradient_op_name(op.name):
-            return op
+def _node_name(ref: str) -> str:
+    return ref.lstrip("^").split(":")[0]
+
+
+def _called_functions(node) -> Iterable[str]:
+    for value in node.attr.values():
+        if value.HasField("func"):
+            yield value.func.name
+        for f in value.list.func:
+            yield f.name
+
+
+def _used_gradient_node(graph_def, fetch: Iterable[str]) -> Optional[str]:
+    """Name of a gradient op the fetched outputs depend on, or None.
+
+    Only what the outputs (and control outputs, e.g. an optimizer's variable
+    updates) depend on counts: a ``ForwardAccumulator`` active while the
+    function is traced records tangents of captured variables inside it, and
+    those are dead code (the accumulator takes its tangents from the guarded
+    call instead)."""
+    nodes = {n.name: n for n in graph_def.node}
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    stack = [_node_name(r) for r in fetch]
+    seen = set()
+    called = []
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        if is_gradient_op_name(name):
+            return name
+        node = nodes[name]
+        called.extend(_called_functions(node))
+        stack.extend(_node_name(r) for r in node.input)
+    done = set()
+    while called:  # bodies of control flow and calls the outputs depend on
+        fname = called.pop()
+        if fname in done or fname not in functions:
+            continue
+        done.add(fname)
+        for n in functions[fname].node_def:
+            if is_gradient_op_name(n.name):
+                return n.name
+            called.extend(_called_functions(n))
     return None
 
 
-def _gradient_node_names(graph_def) -> Iterable[str]:
-    for n in graph_def.node:
-        yield n.name
-    for f in graph_def.library.function:
-        for n in f.node_def:
-            yield n.name
+def _find_op(graph, name: str):
+    """The FuncGraph op of an inlined node name (``PartitionedCall/...`` prefixes
+    stripped until something matches), for its user location."""
+    parts = name.split("/")
+    for k in range(len(parts)):
+        try:
+            return graph.get_operation_by_name("/".join(parts[k:]))
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
-def check_no_inner_gradient(concrete, graph_def, function_name: str) -> None:
-    """Raise :class:`GuardUsageError` if the traced function computes a gradient."""
+def check_no_inner_gradient(concrete, graph_def, fetch: Iterable[str],
+                            function_name: str) -> None:
+    """Raise :class:`GuardUsageError` if the traced function's outputs depend on
+    a gradient it computes itself."""
     from hlo_guard.tf.tracing import user_location  # tracing imports this module
 
-    op = _first_gradient_op(concrete.graph)
-    if op is None and not any(is_gradient_op_name(n) for n in _gradient_node_names(graph_def)):
+    found = _used_gradient_node(graph_def, fetch)
+    if found is None:
         return
+    op = _find_op(concrete.graph, found)
     where = user_location(op) if op is not None else ""
     at = f" at {where}" if where else ""
     error = GuardUsageError(

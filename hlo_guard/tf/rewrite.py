@@ -63,6 +63,8 @@ class BuildRecord:
     fallback: str = ""
     #: guarded control-flow bodies: (op name, attr, BuildRecord)
     nested: List[Tuple[str, str, "BuildRecord"]] = field(default_factory=list)
+    #: forward-mode guards on operation outputs (:mod:`hlo_guard.tf.output_guards`)
+    output_guards: List[AppliedGuard] = field(default_factory=list)
 
 
 def import_traced(traced: TracedFunction, flat_args: Sequence[tf.Tensor],
@@ -127,15 +129,20 @@ def _tensors_read(graph_def) -> Set[str]:
 class Builder:
     """Masks and guards for one imported graph (the ``mctx`` rules read)."""
 
-    def __init__(self, graph: TFGraph, analysis: Analysis):
+    def __init__(self, graph: TFGraph, analysis: Analysis, rewired_outputs: Set[int] = frozenset()):
+        """``rewired_outputs``: nodes whose outputs output guards will move
+        the consumers off (their descendants are recomputed for masks, too)."""
         self.graph = graph
         self.analysis = analysis
         sites, unguarded = plan_guards(analysis)
         self.sites: List[GuardSite] = sites
         self.record = BuildRecord(graph, analysis, unguarded=list(unguarded))
         self.original_inputs = [list(op.inputs) for op in graph.ops]
-        self.downstream = self._descendants({s.node for s in sites if not s.statically_dead})
+        self.downstream = self._descendants(
+            {s.node for s in sites if not s.statically_dead} | set(rewired_outputs))
         self._values: Dict[str, tf.Tensor] = {}
+        #: the StopGradient reads of imported tensors that masks are built from
+        self.value_readers: Set[str] = set()
         #: outputs of operations swapped for a guarded copy (old name -> new tensor)
         self.replaced: Dict[str, tf.Tensor] = {}
         n_out = len(graph.graph_outputs())
@@ -176,8 +183,12 @@ class Builder:
                 tensor = self.graph.tensors.get(cur)
                 if tensor is None:
                     tensor = tf.compat.v1.get_default_graph().get_tensor_by_name(cur)
-                self._values[cur] = tf.stop_gradient(tensor) if is_inexact(tensor.dtype) \
-                    else tensor
+                if is_inexact(tensor.dtype):
+                    read = tf.stop_gradient(tensor)
+                    self.value_readers.add(read.op.name)
+                else:
+                    read = tensor
+                self._values[cur] = read
                 stack.pop()
                 continue
             node, _ = prod
@@ -286,11 +297,14 @@ def _same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
 
 
 def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth):
+    from hlo_guard.tf import output_guards
     graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
     analysis = analyze(graph, RULES)
-    builder = Builder(graph, analysis)
+    forward, out_sites = output_guards.plan(graph, analysis)
+    builder = Builder(graph, analysis, output_guards.output_nodes(out_sites))
     record = builder.apply()
     outputs = [builder.replaced.get(t.name, t) for t in outputs]
+    outputs = output_guards.apply(builder, forward, out_sites, outputs)
     from hlo_guard.tf.control import guard_bodies
     record.nested = guard_bodies(graph, library, body_locations, depth)
     return outputs, record

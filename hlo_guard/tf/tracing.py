@@ -99,7 +99,7 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
     fetch = [t.name for t in graph.inputs] + outputs + control
     graph_def = inline_calls(concrete, fetch)
     python_fn = getattr(tf_fn, "python_function", tf_fn)
-    check_no_inner_gradient(concrete, graph_def,
+    check_no_inner_gradient(concrete, graph_def, outputs + control,
                             getattr(python_fn, "__qualname__", repr(python_fn)))
     body_locations: Dict[str, Dict[str, str]] = {}
     locations = _locations(graph, body_locations)

@@ -27,7 +27,7 @@ from passes.masks import ALL, NONE
 from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, to_float
 from hlo_guard.tf.opcopy import copy_op
-from hlo_guard.tf.rules.base import TFRule, dropping, joined
+from hlo_guard.tf.rules.base import TFRule, dropping, forward_placed, joined
 
 
 def _never(op, i):
@@ -82,6 +82,19 @@ class Structural(TFRule):
         return probe_masks(mctx, op, out_masks, bilinear=self.bilinear,
                            probe_type=probe_type, real_values=self.real_values)
 
+    def forward(self, fa, node, ins):
+        op = fa.graph.op(node)
+        if any(t.dtype == tf.resource for t in op.inputs):
+            return [LIVE] * len(op.outputs)  # reads a variable: its tangent is unknown here
+        return forward_placed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        probe_type = self.probe_type
+        if isinstance(probe_type, dict):
+            probe_type = probe_type[op.type]
+        return probe_forward_masks(mctx, op, in_masks, bilinear=self.bilinear,
+                                   probe_type=probe_type, real_values=self.real_values)
+
 
 def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
                 real_values=False) -> List:
@@ -121,6 +134,54 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
                     g = tf.convert_to_tensor(g)
                     found[i] = normalize(tf.not_equal(g, tf.zeros([], g.dtype)))
     return [found.get(i, NONE) for i in range(n)]
+
+
+def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
+                        real_values=False) -> List:
+    """Output tangent masks by TF's own derivative: the JVP of the probe copy
+    (built, as ForwardAccumulator does, by differentiating its VJP with
+    respect to the cotangent) applied to the 0/1 input masks; an output lane
+    is live iff that is non-zero.  Bilinear operations are probed one operand
+    at a time with the other replaced by ones (so sums of 0/1 terms cannot
+    cancel)."""
+    diff = [i for i, t in enumerate(op.inputs) if is_inexact(t.dtype)]
+    n_out = len(op.outputs)
+    if all(in_masks[i] is NONE for i in diff):
+        return [NONE] * n_out
+    if all(in_masks[i] is ALL for i in diff):
+        return [ALL] * n_out
+    vals = [mctx.value(t) for t in op.inputs]
+    found: List = [NONE] * n_out
+    groups = [[i] for i in diff] if bilinear else [diff]
+    with tf.name_scope("hlo_guard_probe"):
+        for group in groups:
+            if all(in_masks[i] is NONE for i in group):
+                continue
+            args = list(vals)
+            for i in diff:
+                if i in group:
+                    args[i] = tf.identity(vals[i]) if real_values else tf.zeros_like(vals[i])
+                elif bilinear:
+                    args[i] = tf.ones_like(vals[i])
+                else:
+                    args[i] = tf.zeros_like(vals[i])
+            probe = copy_op(op, args, op_type=probe_type)
+            outs = [k for k, t in enumerate(probe.outputs) if is_inexact(t.dtype)]
+            cots = [tf.zeros_like(probe.outputs[k]) for k in outs]
+            vjps = tf.gradients([probe.outputs[k] for k in outs], [args[i] for i in group],
+                                grad_ys=cots)
+            pairs = [(g, to_float(in_masks[i], vals[i])) for i, g in zip(group, vjps)
+                     if g is not None]
+            if not pairs:
+                continue
+            jvps = tf.gradients([tf.convert_to_tensor(g) for g, _ in pairs], cots,
+                                grad_ys=[t for _, t in pairs])
+            for k, jv in zip(outs, jvps):
+                if jv is None:
+                    continue
+                live = normalize(tf.not_equal(jv, tf.zeros([], jv.dtype)))
+                found[k] = live if found[k] is NONE else tf.logical_or(found[k], live)
+    return found
 
 
 def _probe_matmul_masks(mctx, op, out_masks) -> List:
@@ -203,6 +264,11 @@ class MatMul(Structural):
     def input_masks(self, mctx, node, op, out_masks):
         return matmul_masks(mctx, op, out_masks)
 
+    def forward(self, fa, node, ins):
+        # a product's tangent is t_a b + a t_b: live wherever either operand's is
+        out = ins[0].join(ins[1]).without_partition()
+        return [out] * len(fa.graph.node_outputs(node))
+
 
 class ReshapeLike(Structural):
     """Reshape/ExpandDims/Squeeze/Identity-shaped: the mask is reshaped back."""
@@ -213,6 +279,13 @@ class ReshapeLike(Structural):
         masks[0] = m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.inputs[0])))
         return masks
 
+    def forward(self, fa, node, ins):
+        return [ins[0].without_partition()] * len(fa.graph.node_outputs(node))
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        m = in_masks[0]
+        return [m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.outputs[0])))]
+
 
 class Transpose(Structural):
     def input_masks(self, mctx, node, op, out_masks):
@@ -221,6 +294,13 @@ class Transpose(Structural):
             return [m, NONE]
         perm = mctx.value(op.inputs[1])
         return [tf.transpose(m, tf.math.invert_permutation(perm)), NONE]
+
+    def forward(self, fa, node, ins):
+        return [ins[0].without_partition()]
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        m = in_masks[0]
+        return [m if is_sentinel(m) else tf.transpose(m, mctx.value(op.inputs[1]))]
 
 
 class Conservative(TFRule):
