@@ -62,6 +62,54 @@ def test_forward_accumulator_gives_the_double_where_tangent(name, fn, oracle, x,
     assert np.isnan(t_plain).any() or not np.isnan(t_expected).any()
 
 
+def where_sqrt_oracle(x):
+    return tf.where(x > 0, tf.sqrt(safe(x, x > 0)), 0.0)
+
+
+def row_sums_oracle(x):
+    s = tf.reduce_sum(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]), axis=1)
+    live = tf.reduce_any(tf.reshape(x > 0, [2, 2]), axis=1)
+    return tf.where(live, tf.sqrt(safe(s, live)), 0.0)
+
+
+SEGMENT_LIVE = tf.constant([True, False, True])
+
+# lanes moved, created (padding, empty segments) or combined before the singular op
+STRUCTURAL_CASES = [
+    ("pad", lambda x: tf.sqrt(tf.pad(x * x, [[1, 1]])),
+     lambda x: tf.pad(tf.sqrt(x * x), [[1, 1]])),
+    ("concat_with_constant", lambda x: tf.sqrt(tf.concat([x * x, tf.zeros([2])], 0)),
+     lambda x: tf.concat([tf.sqrt(x * x), tf.zeros([2])], 0)),
+    ("gather_of_where", lambda x: tf.sqrt(tf.gather(tf.where(x > 0, x, 0.0), [0, 2, 3])),
+     lambda x: tf.gather(where_sqrt_oracle(x), [0, 2, 3])),
+    ("transpose_of_where",
+     lambda x: tf.sqrt(tf.transpose(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]))),
+     lambda x: tf.transpose(tf.reshape(where_sqrt_oracle(x), [2, 2]))),
+    ("matmul_of_where",
+     lambda x: tf.sqrt(tf.matmul(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]), tf.eye(2))),
+     lambda x: tf.reshape(where_sqrt_oracle(x), [2, 2])),
+    ("row_sums_of_where",
+     lambda x: tf.sqrt(tf.reduce_sum(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]), axis=1)),
+     row_sums_oracle),
+    ("empty_segment",
+     lambda x: tf.sqrt(tf.math.unsorted_segment_sum(x * x + 1.0, [0, 0, 2, 2], 3)),
+     lambda x: tf.where(SEGMENT_LIVE, tf.sqrt(safe(
+         tf.math.unsorted_segment_sum(x * x + 1.0, [0, 0, 2, 2], 3), SEGMENT_LIVE)), 0.0)),
+    ("cond_branch", lambda x: tf.cond(tf.reduce_sum(x) > 0,
+                                      lambda: tf.sqrt(tf.where(x > 0, x, 0.0)), lambda: x),
+     lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: where_sqrt_oracle(x), lambda: x)),
+]
+
+
+@pytest.mark.parametrize("name,fn,oracle", STRUCTURAL_CASES, ids=[c[0] for c in STRUCTURAL_CASES])
+def test_forward_accumulator_through_structural_ops(name, fn, oracle):
+    y, t = jvp(hg.guard(fn), X)
+    y_plain, t_plain = jvp(fn, X)
+    _, t_expected = jvp(oracle, X)
+    assert bitwise_equal(y, y_plain)
+    assert_same(t, t_expected)
+
+
 def test_forward_mode_guard_keeps_genuine_singularities():
     """The taken lane of ``sqrt(maximum(x, 0))`` at ``x = 0`` (x wins the tie)
     is a real ``sqrt'(0)``: still inf."""

@@ -21,7 +21,7 @@ from typing import Callable, List, Optional
 
 import tensorflow as tf
 
-from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
 from passes.masks import ALL, NONE
 
 from hlo_guard.tf.graph import is_inexact
@@ -54,8 +54,12 @@ class Structural(TFRule):
     kind = "structural"
 
     def __init__(self, drops: Callable = _never, *, guards: bool = False,
-                 bilinear: bool = False, probe_type=None, real_values: bool = False):
+                 bilinear: bool = False, probe_type=None, real_values: bool = False,
+                 creates: bool = False):
         self.drops = drops
+        #: output lanes no input reaches (padding, unscattered lanes, empty
+        #: segments) hold a constant: their tangent is structurally zero
+        self.creates = creates
         self.guards = guards
         self.bilinear = bilinear
         self.probe_type = probe_type  # e.g. Prod probed as Sum
@@ -86,14 +90,18 @@ class Structural(TFRule):
         op = fa.graph.op(node)
         if any(t.dtype == tf.resource for t in op.inputs):
             return [LIVE] * len(op.outputs)  # reads a variable: its tangent is unknown here
-        return forward_placed(fa, node, ins)
+        placed = forward_placed(fa, node, ins)
+        if self.creates and placed[0].reaches_output:
+            return [partial_by(fa.graph.origin(node), placed[0])] * len(op.outputs)
+        return placed
 
     def forward_masks(self, mctx, node, op, in_masks):
         probe_type = self.probe_type
         if isinstance(probe_type, dict):
             probe_type = probe_type[op.type]
         return probe_forward_masks(mctx, op, in_masks, bilinear=self.bilinear,
-                                   probe_type=probe_type, real_values=self.real_values)
+                                   probe_type=probe_type, real_values=self.real_values,
+                                   creates=self.creates)
 
 
 def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
@@ -137,7 +145,7 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
 
 
 def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
-                        real_values=False) -> List:
+                        real_values=False, creates=False) -> List:
     """Output tangent masks by TF's own derivative: the JVP of the probe copy
     (built, as ForwardAccumulator does, by differentiating its VJP with
     respect to the cotangent) applied to the 0/1 input masks; an output lane
@@ -148,7 +156,7 @@ def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
     n_out = len(op.outputs)
     if all(in_masks[i] is NONE for i in diff):
         return [NONE] * n_out
-    if all(in_masks[i] is ALL for i in diff):
+    if all(in_masks[i] is ALL for i in diff) and not creates:
         return [ALL] * n_out
     vals = [mctx.value(t) for t in op.inputs]
     found: List = [NONE] * n_out
@@ -337,15 +345,15 @@ def register(table):
     table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
     table.register("Transpose", Transpose())
     same = Structural()
-    table.register(["ConcatV2", "Concat", "Pack", "BroadcastTo", "Tile", "Pad",
+    table.register(["ConcatV2", "Concat", "Pack", "BroadcastTo", "Tile",
                     "MirrorPad", "Reverse", "ReverseV2", "Sum", "Mean", "Cumsum",
-                    "BiasAdd", "BiasAddV1", "Fill", "Roll", "ScatterNd",
-                    "TensorScatterAdd",
-                    "MatrixDiag", "MatrixDiagV3", "MatrixDiagPart", "MatrixDiagPartV3",
+                    "BiasAdd", "BiasAddV1", "Fill", "Roll",
+                    "TensorScatterAdd", "MatrixDiagV3", "MatrixDiagPart", "MatrixDiagPartV3",
                     "SpaceToDepth", "DepthToSpace", "Unpack", "Split", "SplitV",
                     "ReverseSequence"], same)
     table.register(["GatherV2", "Gather", "GatherNd", "StridedSlice", "Slice",
                     "ResourceGather"], Structural(_always))
+    table.register(["Pad", "ScatterNd", "MatrixDiag"], Structural(creates=True))
     table.register("PadV2", Structural(_padv2_drops))
     # segment reductions drop the lanes whose id is negative or >= num_segments
     # (unsorted) or that no index selects (sparse); TF's gradient gathers them
@@ -354,15 +362,15 @@ def register(table):
                     "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
                     "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
                     "SparseSegmentSqrtNWithNumSegments"]
-    table.register(segment_sums, Structural(_first_input_drops))
+    table.register(segment_sums, Structural(_first_input_drops, creates=True))
     table.register(["UnsortedSegmentProd", "SegmentProd", "SegmentProdV2"],
-                   Structural(_first_input_drops, guards=True, probe_type={
+                   Structural(_first_input_drops, guards=True, creates=True, probe_type={
                        "UnsortedSegmentProd": "UnsortedSegmentSum",
                        "SegmentProd": "SegmentSum", "SegmentProdV2": "SegmentSumV2"}))
     # max/min also drop the lanes that are not the segment's extremum
     table.register(["UnsortedSegmentMax", "UnsortedSegmentMin", "SegmentMax", "SegmentMin",
                     "SegmentMaxV2", "SegmentMinV2"],
-                   Structural(_first_input_drops, real_values=True))
+                   Structural(_first_input_drops, real_values=True, creates=True))
     table.register(["TensorScatterUpdate"], Structural(_scatter_update_drops))
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register("Prod", Structural(guards=True, probe_type="Sum"))
