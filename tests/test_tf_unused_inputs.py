@@ -199,3 +199,32 @@ def test_sparse_argument():
     assert_same(got[0], expected[0])
     assert_same(got[1], expected[1])
     assert np.isfinite(got[1]).all()
+
+
+def test_ragged_argument_whose_row_splits_are_unused():
+    """Only the values are read: the row-splits component is an unused input."""
+    rt = tf.ragged.constant([[-1.0, 0.0], [1.0, 4.0, 9.0]])
+    guarded = hg.guard(lambda r: where_sqrt(r.flat_values))
+    np.testing.assert_array_equal(guarded(rt).numpy(), where_sqrt(rt.flat_values).numpy())
+
+    @tf.function(jit_compile=True)
+    def grad(values, splits):
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            y = tf.reduce_sum(guarded(tf.RaggedTensor.from_row_splits(values, splits)))
+        return tape.gradient(y, values)
+
+    got = grad(rt.flat_values, rt.row_splits).numpy()
+    _, expected = jit_value_and_grads(safe_sqrt, rt.flat_values)
+    assert_same(got, expected[0])
+
+
+def test_sparse_argument_whose_indices_are_unused():
+    st = tf.sparse.SparseTensor([[0, 0], [0, 1], [1, 0], [1, 1]], X, [2, 2])
+    guarded = hg.guard(lambda s: where_sqrt(s.values))
+    np.testing.assert_array_equal(guarded(st).numpy(), where_sqrt(X).numpy())
+    out, grads = jit_value_and_grads(
+        lambda v: guarded(tf.SparseTensor(st.indices, v, st.dense_shape)), X)
+    e_out, e_grads = jit_value_and_grads(safe_sqrt, X)
+    assert_same(out, e_out)
+    assert_same(grads[0], e_grads[0])

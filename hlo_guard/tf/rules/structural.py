@@ -17,7 +17,7 @@ would cost a matmul as large as the program's own.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import tensorflow as tf
 
