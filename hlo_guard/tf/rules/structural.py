@@ -312,7 +312,13 @@ class Transpose(Structural):
 
 
 class Conservative(TFRule):
-    """Known but not followed: inputs fully live, and the report says why."""
+    """Known but not followed: inputs fully live, and the report says why.
+
+    Dead lanes arrive not only through a partly live output but also through
+    an *unused* one: ``tf.dynamic_partition(x, p, 2)[1]`` drops the lanes of
+    partition 0, and a ``tf.cond`` output nobody reads leaves whatever its
+    branches computed for it dead.  Both are reported (a loop output that the
+    body passes through unchanged -- a loop invariant -- drops nothing)."""
     kind = "conservative"
 
     def __init__(self, reason: str):
@@ -322,11 +328,60 @@ class Conservative(TFRule):
         out = joined(outs)
         if out.reaches_output and not out.is_live:
             analysis.note_unreached(node, self.reason, out)
+        elif out.reaches_output and _drops_through_unused_output(analysis, node, outs):
+            analysis.note_unreached(
+                node, self.reason + "; some of its outputs are unused, so the lanes that "
+                "reach only them are dead", partial_by(analysis.graph.origin(node)))
         n = len(analysis.graph.node_inputs(node))
         return [LIVE if out.reaches_output else NO_DERIVATIVE] * n
 
     def input_masks(self, mctx, node, op, out_masks):
         return [ALL] * len(op.inputs)
+
+
+class Unknown(Conservative):
+    """The fallback for op types without a rule (see :class:`TFRuleTable`)."""
+
+    def __init__(self):
+        super().__init__("")
+
+    def transfer(self, analysis, node, outs):
+        self.reason = f"no rule for primitive '{analysis.graph.op_name(node)}'"
+        return super().transfer(analysis, node, outs)
+
+
+def _drops_through_unused_output(analysis, node, outs) -> bool:
+    graph = analysis.graph
+    op = graph.op(node)
+    for k, (v, lv) in enumerate(zip(graph.node_outputs(node), outs)):
+        if lv.reaches_output or not is_inexact(op.outputs[k].dtype):
+            continue
+        if op.type in ("While", "StatelessWhile") and _loop_invariant(op, k):
+            continue
+        return True
+    return False
+
+
+def _loop_invariant(op, k: int) -> bool:
+    """Whether the loop body returns its input ``k`` unchanged as output ``k``."""
+    try:
+        fn = op.graph._get_function(op.get_attr("body").name)  # pylint: disable=protected-access
+        fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+    except Exception:  # pragma: no cover - body not found: not provably invariant
+        return False
+    sig = fdef.signature
+    if k >= len(sig.input_arg) or k >= len(sig.output_arg):
+        return False
+    ref = fdef.ret.get(sig.output_arg[k].name, "")
+    nodes = {n.name: n for n in fdef.node_def}
+    for _ in range(len(nodes) + 1):
+        if ref == sig.input_arg[k].name:
+            return True
+        node = nodes.get(ref.split(":")[0])
+        if node is None or node.op != "Identity" or not node.input:
+            return False
+        ref = node.input[0]
+    return False
 
 
 def _padv2_drops(op, i):
