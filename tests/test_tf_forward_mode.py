@@ -46,8 +46,8 @@ CASES = [
      lambda x: tf.where(x > 0, tf.sqrt(safe(x, x > 0)), 0.0), X),
     ("acos_of_maximum", lambda x: tf.acos(tf.maximum(x, 1.0)),
      lambda x: tf.where(x >= 1, tf.acos(safe(x, x >= 1, 0.0)), 0.0), X),
-    ("log_of_relu", lambda x: tf.math.log(tf.nn.relu(x) + tf.where(x > 0, 0.0, 1.0)),
-     lambda x: tf.where(x > 0, tf.math.log(safe(x, x > 0)), 0.0), X),
+    ("log_of_relu", lambda x: tf.math.log(tf.nn.relu(x)),
+     lambda x: tf.where(x > 0, tf.math.log(safe(x, x > 0)), -np.inf), X),
 ]
 
 
