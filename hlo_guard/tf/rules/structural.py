@@ -434,11 +434,17 @@ def register(table):
     table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"], MatMul())
     table.register(["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
                    Structural(_always, guards=True, bilinear=True))
+    # einsum may read only some lanes (``ii->i``, a trace) and multiplies
+    # operands: probed like a convolution, each operand against ones
+    table.register("Einsum", Structural(_always, guards=True, bilinear=True))
+    # top-k keeps k lanes; which ones depends on the values, so the probe
+    # runs on them (TF's gradient scatters into the chosen indices)
+    table.register("TopKV2", Structural(_always, real_values=True))
     # lanes mix nonlinearly along an axis: not followed
     for name in ["Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
-                 "SparseSoftmaxCrossEntropyWithLogits", "TopKV2", "Sort",
+                 "SparseSoftmaxCrossEntropyWithLogits", "Sort",
                  "Cholesky", "MatrixInverse", "MatrixDeterminant", "Svd", "Qr",
-                 "SelfAdjointEigV2", "Einsum", "FusedBatchNormV3", "FusedBatchNorm"]:
+                 "SelfAdjointEigV2", "FusedBatchNormV3", "FusedBatchNorm"]:
         table.register(name, Conservative(f"{name}: lanes mix nonlinearly; inputs kept fully live"))
     boundary = ("control flow '{}': its bodies are guarded inside, but dead lanes "
                 "are not followed across the boundary; its inputs are kept fully live")
