@@ -184,3 +184,15 @@ def test_map_fn_body_is_guarded_and_the_list_boundary_reported():
     assert any(s.op.startswith("Sqrt") and "while" in s.scope for s in report.guards)
     assert any(s.op.startswith("TensorListGetItem") and "TensorList" in s.reason
                for s in report.unguarded)
+
+
+def test_op_without_rule_is_reported_even_with_live_outputs():
+    """``MatrixBandPart`` has no rule and kills a triangle itself: the dead
+    lanes do not *arrive* at it, they start there.  Fully live is then not
+    conservative, so the op is reported and the report is not clean."""
+    a = tf.constant([[1.0, 0.0], [4.0, 9.0]])
+    guarded = hg.guard(lambda a: tf.linalg.band_part(tf.sqrt(a), -1, 0))
+    report = hg.report(guarded, a)
+    assert any(s.op.startswith("MatrixBandPart") and "no rule" in s.reason
+               for s in report.unguarded)
+    assert np.isnan(xla_grads(guarded, a)[0]).any()  # indeed not guarded

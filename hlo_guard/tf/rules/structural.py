@@ -340,13 +340,27 @@ class Conservative(TFRule):
 
 
 class Unknown(Conservative):
-    """The fallback for op types without a rule (see :class:`TFRuleTable`)."""
+    """The fallback for op types without a rule (see :class:`TFRuleTable`).
+
+    Fully live is conservative only for the lanes that arrive; the op may kill
+    lanes itself (``MatrixBandPart`` zeroes a triangle, ``SparseReduceSum``
+    reads only the stored values), and nothing here can tell.  So it is
+    always reported when a derivative flows through it, as the contract asks
+    ("the report says so") -- never called clean."""
 
     def __init__(self):
         super().__init__("")
 
     def transfer(self, analysis, node, outs):
-        self.reason = f"no rule for primitive '{analysis.graph.op_name(node)}'"
+        name = analysis.graph.op_name(node)
+        out = joined(outs)
+        op = analysis.graph.op(node)
+        if out.is_live and any(is_inexact(t.dtype) for t in op.inputs):
+            analysis.note_unreached(
+                node, f"no rule for primitive '{name}': treated as fully live; lanes it "
+                "drops itself are not guarded", partial_by(analysis.graph.origin(node)))
+            return [LIVE] * len(op.inputs)
+        self.reason = f"no rule for primitive '{name}'"
         return super().transfer(analysis, node, outs)
 
 
