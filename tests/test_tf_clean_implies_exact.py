@@ -143,7 +143,7 @@ CASES = [
     ("cond_unused_output",
      lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: (tf.sqrt(x), x * 2.0),
                        lambda: (x, x))[1],
-     lambda x: x * 2.0, X, False, True),
+     lambda x: x * 2.0, X, True, True),
     ("while_unused_output",
      lambda x: tf.while_loop(lambda i, s, y: i < 2,
                              lambda i, s, y: (i + 1, s + x, tf.sqrt(x)),
@@ -196,3 +196,17 @@ def test_op_without_rule_is_reported_even_with_live_outputs():
     assert any(s.op.startswith("MatrixBandPart") and "no rule" in s.reason
                for s in report.unguarded)
     assert np.isnan(xla_grads(guarded, a)[0]).any()  # indeed not guarded
+
+
+def test_cond_output_nobody_uses_is_cut_inside_the_branch():
+    """TF's ``If`` gradient feeds zeros to an unused output; the branch's
+    ``sqrt`` computed only for it must not turn that into NaN."""
+    def fn(x):
+        used, _unused = tf.cond(tf.reduce_sum(x) > 0,
+                                lambda: (x * 2.0, tf.math.log(x)), lambda: (x, x))
+        return used
+
+    guarded = hg.guard(fn)
+    assert np.isnan(xla_grads(fn, X)[0]).any()  # the leak being fixed
+    np.testing.assert_array_equal(xla_grads(guarded, X)[0], np.full(6, 2.0))
+    assert not hg.report(guarded, X).unguarded

@@ -145,8 +145,9 @@ class Builder:
         self.value_readers: Set[str] = set()
         #: outputs of operations swapped for a guarded copy (old name -> new tensor)
         self.replaced: Dict[str, tf.Tensor] = {}
-        n_out = len(graph.graph_outputs())
-        self.resolver = MaskResolver(analysis, ALGEBRA, [ALL] * n_out, self._input_masks)
+        out_masks = [ALL if lv.reaches_output and not lv.is_dead else NONE
+                     for lv in analysis.out_liveness]
+        self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
 
     # -- values --------------------------------------------------------------------
     def _descendants(self, roots: Set[int]) -> Set[int]:
@@ -296,17 +297,18 @@ def _same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
     return a.shape.is_fully_defined() and b.shape.is_fully_defined() and a.shape == b.shape
 
 
-def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth):
+def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth,
+                 out_liveness=None):
     from hlo_guard.tf import output_guards
     graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
-    analysis = analyze(graph, RULES)
+    analysis = analyze(graph, RULES, out_liveness)
     forward, out_sites = output_guards.plan(graph, analysis)
     builder = Builder(graph, analysis, output_guards.output_nodes(out_sites))
     record = builder.apply()
     outputs = [builder.replaced.get(t.name, t) for t in outputs]
     outputs = output_guards.apply(builder, forward, out_sites, outputs)
     from hlo_guard.tf.control import guard_bodies
-    record.nested = guard_bodies(graph, library, body_locations, depth)
+    record.nested = guard_bodies(graph, library, body_locations, depth, analysis)
     return outputs, record
 
 
@@ -317,9 +319,11 @@ def build_guarded(traced: TracedFunction, flat_args: Sequence[tf.Tensor]):
                         traced.body_locations, prefix, 0)
 
 
-def build_body(graph_def, in_names, out_names, args, library, body_locations, name, depth):
-    """The same for a control-flow body (its outputs fully live)."""
+def build_body(graph_def, in_names, out_names, args, library, body_locations, name, depth,
+               out_liveness=None):
+    """The same for a control-flow body (its outputs fully live unless
+    ``out_liveness`` says which are unused)."""
     ops, outputs, prefix = _import(graph_def, dict(zip(in_names, args)), out_names,
                                    "hlo_guard_body")
     return _guard_graph(ops, outputs, library, body_locations.get(name, {}), body_locations,
-                        prefix, depth)
+                        prefix, depth, out_liveness)

@@ -372,6 +372,9 @@ def _drops_through_unused_output(analysis, node, outs) -> bool:
             continue
         if op.type in ("While", "StatelessWhile") and _loop_invariant(op, k):
             continue
+        if op.type in ("If", "StatelessIf", "Case", "StatelessCase"):
+            continue  # branches are analysed with their unused outputs dead
+            # (hlo_guard.tf.control); what the branch computes for them is cut
         return True
     return False
 
