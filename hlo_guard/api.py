@@ -17,7 +17,8 @@ import jax
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.interpreter import run_guarded
-from hlo_guard.jax_frontend.trace_cache import DEFAULT_CACHE_SIZE, TraceCache
+from hlo_guard.jax_frontend.trace_cache import (DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE,
+                                                TraceCache, arrays_held)
 from hlo_guard.jax_frontend.tracing import normalize_static, signature_of, trace
 
 JIT_KEYWORDS = frozenset(p for p in inspect.signature(jax.jit).parameters if p != "fun")
@@ -32,8 +33,9 @@ class GuardedFunction:
     """``f`` with gradient guards.  Composes with every JAX transformation.
 
     One trace (jaxpr and analysis) is kept per input signature, for the
-    ``cache_size`` most recently used signatures; ``jax.clear_caches()``
-    empties the cache.
+    ``cache_size`` most recently used signatures, fewer when the constants they
+    hold exceed ``cache_bytes`` together; ``jax.clear_caches()`` empties the
+    cache.
 
     Methods: as with ``jax.jit``, ``self`` is an ordinary argument.  A class
     registered as a pytree (``jax.tree_util.register_dataclass``, flax,
@@ -46,7 +48,8 @@ class GuardedFunction:
     """
 
     def __init__(self, fn: Callable, static_argnums=(), static_argnames=(),
-                 cache_size: int = DEFAULT_CACHE_SIZE):
+                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES):
         self._binding = "method"
         if isinstance(fn, staticmethod):
             fn, self._binding = fn.__func__, "static"
@@ -57,7 +60,9 @@ class GuardedFunction:
         self.static_argnums, self.static_argnames = normalize_static(
             fn, static_argnums, static_argnames)
         self._static_spec = (static_argnums, static_argnames)
-        self._cache = TraceCache(cache_size, f"hlo_guard.guard({getattr(fn, '__qualname__', fn)})")
+        self._cache = TraceCache(cache_size, f"hlo_guard.guard({getattr(fn, '__qualname__', fn)})",
+                                 max_bytes=cache_bytes,
+                                 weigh=lambda program: arrays_held(program.closed_jaxpr))
         self._bound_to_class: Dict[Any, "GuardedFunction"] = {}
         functools.update_wrapper(self, fn)
 
@@ -102,7 +107,7 @@ class GuardedFunction:
             nums = (nums,) if isinstance(nums, int) else tuple(nums or ())
             shifted = tuple(i - 1 for i in nums if i > 0)
             bound = GuardedFunction(functools.partial(self.fn, cls), shifted, names,
-                                    self._cache.maxsize)
+                                    self._cache.maxsize, self._cache.max_bytes)
             self._bound_to_class[cls] = bound
         return bound
 
@@ -111,17 +116,21 @@ class GuardedFunction:
 
 
 def guard(fn: Optional[Callable] = None, *, static_argnums=(), static_argnames=(),
-          cache_size: int = DEFAULT_CACHE_SIZE):
+          cache_size: int = DEFAULT_CACHE_SIZE,
+          cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES):
     """Return ``fn`` with gradient guards inserted before every operation whose
     dead lanes could turn a structural zero into NaN.
 
     Usable as ``guard(f)``, ``@guard`` or ``@guard(static_argnums=...)``.
     ``cache_size`` bounds the traces kept (one per input signature, least
-    recently used dropped first; 0 re-traces on every call).
+    recently used dropped first; 0 re-traces on every call); ``cache_bytes``
+    bounds the constants they hold together (each array counted once; the
+    latest trace is always kept; None: no byte bound).
     """
     if fn is None:
-        return lambda f: GuardedFunction(f, static_argnums, static_argnames, cache_size)
-    return GuardedFunction(fn, static_argnums, static_argnames, cache_size)
+        return lambda f: GuardedFunction(f, static_argnums, static_argnames, cache_size,
+                                         cache_bytes)
+    return GuardedFunction(fn, static_argnums, static_argnames, cache_size, cache_bytes)
 
 
 def guarded_jit(fn: Optional[Callable] = None, **jit_kwargs):

@@ -155,3 +155,37 @@ def test_cache_size_zero_and_bad_values():
     for bad in (-1, 1.5, "8", True):
         with pytest.raises(TypeError, match="cache_size"):
             hlo_guard.guard(f, cache_size=bad)
+
+
+def test_byte_budget_bounds_per_trace_constants():
+    """The issue's scenario (100 shapes, a constant computed per trace) with the
+    sizes scaled down 250x: 200 MB -> 0.8 MB per trace, the 512 MB default budget
+    -> 2 MB.  At most 2 traces' constants stay alive, not 100 (or 16)."""
+    const = np.ones(BIG, np.float32)
+    g = hlo_guard.guard(make_fn(const), cache_bytes=2 * 2**20)
+    refs = run_shapes(g, range(1, 101), call=False)
+    assert len(refs) == 100
+    assert alive(refs) == 2 and len(g._cache) == 2
+    assert g._cache.nbytes() <= 2 * 2**20
+
+
+def test_a_constant_shared_by_all_traces_counts_once():
+    """A closed-over array used as it is (no per-trace copy; JAX reuses one
+    view of it) is weighed once, so the byte budget does not evict traces that
+    cost nothing extra."""
+    base = np.ones(BIG, np.float32)
+
+    def f(x):
+        return jnp.where(x > 0, jnp.sqrt(x), 0.0).sum() + (x.sum() * base).sum()
+
+    g = hlo_guard.guard(f, cache_bytes=BIG * 4 + 1024)
+    for n in range(1, 11):
+        g.traced(np.ones(n, np.float32))
+    assert len(g._cache) == 10
+    assert g._cache.nbytes() == BIG * 4
+
+
+def test_cache_bytes_bad_values():
+    for bad in (-1, 1.5, "8", True):
+        with pytest.raises(TypeError, match="cache_bytes"):
+            hlo_guard.guard(lambda x: x, cache_bytes=bad)
