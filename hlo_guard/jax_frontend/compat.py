@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, Dict, Optional
 
 _local = threading.local()
-_STAGING = {"installed": None}
+_STAGING: Dict[str, Optional[bool]] = {"installed": None}
 
 
 def register_with_clear_caches(cache: Any, what: str) -> bool:
@@ -59,8 +59,9 @@ def _install_staging_rule() -> bool:
     """Wrap JAX's staging rule for ``jit`` once: while a top-level trace of
     ours is marked, its inline jits are staged as calls (params unchanged, so
     re-binding them later inlines them exactly where JAX would have)."""
-    if _STAGING["installed"] is not None:
-        return _STAGING["installed"]
+    installed = _STAGING["installed"]
+    if installed is not None:
+        return installed
     _STAGING["installed"] = False
     found = _jit_staging()
     if found is None:  # pragma: no cover
@@ -80,7 +81,7 @@ def _install_staging_rule() -> bool:
                                                    source_info=source_info)
         return original(trace, source_info, *args, **params)
 
-    staging_rule.__wrapped__ = original
+    staging_rule.__wrapped__ = original  # type: ignore[attr-defined]
     pe.custom_staging_rules[jit_p] = staging_rule
     _STAGING["installed"] = True
     return True
