@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 
 from passes.graph import Graph
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all
-from passes.rules import RuleTable, conservative_transfer
+from passes.rules import ForwardRule, RuleTable, conservative_transfer
 
 Use = Tuple[int, int]  # (node, input index)
 
@@ -167,11 +167,10 @@ def analyze_forward(graph, rules: RuleTable,
             continue
         rule = rules.get(graph.op_name(node))
         outputs = graph.node_outputs(node)
-        forward = getattr(rule, "forward", None) if rule is not None else None
-        if forward is None:
-            outs = [LIVE] * len(outputs)
+        if isinstance(rule, ForwardRule):
+            outs = rule.forward(result, node, ins)
         else:
-            outs = forward(result, node, ins)
+            outs = [LIVE] * len(outputs)
         for v, lv in zip(outputs, outs):
             if v is not None and lv.reaches_output and graph.carries_derivative(v):
                 values[v] = lv

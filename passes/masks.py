@@ -14,9 +14,10 @@ combine them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence
 
-from passes.analysis import Analysis
+if TYPE_CHECKING:  # passes.rules imports ALL/NONE from here; analysis imports rules
+    from passes.analysis import Analysis
 from passes.lattice import Level
 
 

@@ -13,6 +13,7 @@ from typing import List, Tuple
 
 from passes.analysis import Analysis, Unreached
 from passes.lattice import Level, Liveness
+from passes.rules import ForwardRule
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,7 @@ def plan_output_guards(backward: Analysis, forward) -> List[OutputGuardSite]:
     sites: List[OutputGuardSite] = []
     for node in range(graph.node_count()):
         rule = rules.get(graph.op_name(node))
-        guards_output = getattr(rule, "guards_output", None) if rule is not None else None
-        if guards_output is None:
+        if not isinstance(rule, ForwardRule):
             continue
         for j, v in enumerate(graph.node_outputs(node)):
             if v is None or not graph.carries_derivative(v):
@@ -80,6 +80,6 @@ def plan_output_guards(backward: Analysis, forward) -> List[OutputGuardSite]:
                 continue
             if not backward.value_liveness(v).reaches_output:
                 continue
-            if guards_output(backward, node, j):
+            if rule.guards_output(backward, node, j):
                 sites.append(OutputGuardSite(node, j, t))
     return sites

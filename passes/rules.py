@@ -16,19 +16,32 @@ A front end's rules add a method that computes per-lane masks in its own array
 operations; the engine reaches it through :class:`passes.masks.MaskResolver`.
 An operation with no rule is treated as fully live and reported.
 
-Optionally, for forward mode (:func:`passes.analysis.analyze_forward`):
+Optionally, for forward mode (:func:`passes.analysis.analyze_forward`), the
+methods of :class:`ForwardRule`:
 
 * ``forward(analysis, node, ins)`` -- tangent liveness of the outputs from that
   of the inputs (default when absent: fully live);
 * ``guards_output(analysis, node, index)`` -- whether an output whose input
   tangents are partly structurally zero needs a guard (planned by
   :func:`passes.planning.plan_output_guards`).
+
+The mask halves (:class:`MaskRule`, :class:`ForwardMaskRule`) are called by
+the front ends only.  These optional methods are declared as protocols so that
+the engine asks ``isinstance(rule, ForwardRule)`` instead of probing attribute
+names: a misspelt method is then a type error, not a silently absent rule.
+
+The rules both front ends share (:class:`Conservative`, :class:`ZeroDerivative`,
+:class:`StructuralTransfer`) and the small helpers rules are written with
+(:func:`joined`, :func:`dropping`) live here too; they read the graph only
+through :class:`passes.graph.Graph`.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence
+from typing import runtime_checkable
 
-from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, join_all
+from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dropped_by, join_all
+from passes.masks import ALL, NONE
 
 
 class Rule:
@@ -42,6 +55,14 @@ class Rule:
 
     def guards_input(self, ctx, node: int, index: int) -> bool:
         return False
+
+    # the front end's view of one node (a jaxpr equation, a ``tf.Operation``),
+    # for the shared rules' mask halves below
+    def item_inputs(self, item) -> Sequence[Any]:
+        raise NotImplementedError(type(self).__name__)
+
+    def item_outputs(self, item) -> Sequence[Any]:
+        raise NotImplementedError(type(self).__name__)
 
 
 class RuleTable:
@@ -76,3 +97,139 @@ def conservative_transfer(n_inputs: int, outs: Sequence[Liveness]) -> List[Liven
     """Every input fully live as soon as any output carries a derivative."""
     joined = join_all(outs)
     return all_inputs(n_inputs, LIVE if joined.reaches_output else NO_DERIVATIVE)
+
+
+# -- optional rule methods ----------------------------------------------------
+
+@runtime_checkable
+class ForwardRule(Protocol):
+    """A rule that knows the forward (tangent) half: see the module docstring."""
+
+    def forward(self, fa, node: int, ins: Sequence[Liveness]) -> List[Liveness]: ...
+
+    def guards_output(self, analysis, node: int, index: int) -> bool: ...
+
+
+@runtime_checkable
+class MaskRule(Protocol):
+    """Per-lane masks of a node's inputs from those of its outputs, in the
+    front end's own array operations (``item`` is the equation / ``tf.Operation``)."""
+
+    def input_masks(self, mctx, node: int, item, out_masks: List[Any]) -> List[Any]: ...
+
+
+@runtime_checkable
+class ForwardMaskRule(Protocol):
+    """Per-lane tangent masks of a node's outputs from those of its inputs."""
+
+    def forward_masks(self, mctx, node: int, item, in_masks: List[Any]) -> List[Any]: ...
+
+
+# -- helpers rules are written with ------------------------------------------
+
+def joined(outs: Sequence[Liveness]) -> Liveness:
+    """The liveness of a node's outputs taken together (a lane is live if any is)."""
+    return join_all(outs)
+
+
+def dropping(analysis, node: int, out: Liveness) -> Liveness:
+    """The liveness of an input some of whose lanes ``node`` drops."""
+    return dropped_by(analysis.graph.origin(node), out)
+
+
+def n_inputs(graph, node: int) -> int:
+    return len(graph.node_inputs(node))
+
+
+def n_outputs(graph, node: int) -> int:
+    return len(graph.node_outputs(node))
+
+
+# -- rules both front ends share -----------------------------------------------
+
+class ZeroDerivative(Rule):
+    """The framework gives the operation a zero (or no) derivative --
+    comparisons, rounding, ``stop_gradient``, argmax ...: nothing flows back
+    through it, and no tangent flows forward."""
+    kind = "zero-derivative"
+
+    def transfer(self, analysis, node, outs):
+        return [NO_DERIVATIVE] * n_inputs(analysis.graph, node)
+
+    def input_masks(self, mctx, node, item, out_masks):
+        return [NONE] * len(self.item_inputs(item))
+
+    def guards_output(self, analysis, node, index) -> bool:
+        return False
+
+    def forward(self, fa, node, ins):
+        return [NO_DERIVATIVE] * n_outputs(fa.graph, node)
+
+    def forward_masks(self, mctx, node, item, in_masks):
+        return [NONE] * len(self.item_outputs(item))
+
+
+class Conservative(Rule):
+    """Known but not followed: inputs fully live, and the report says why.
+
+    :meth:`drops_through_unused_output` lets a front end also report lanes
+    that die through an output nobody uses (see the TF rule)."""
+    kind = "conservative"
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def drops_through_unused_output(self, analysis, node: int, outs) -> None:
+        """Called when the outputs taken together are fully live: report
+        (``analysis.note_unreached``) lanes that die through an unused output,
+        if the front end can tell.  By default nothing is reported."""
+
+    def transfer(self, analysis, node, outs):
+        out = joined(outs)
+        if out.reaches_output and not out.is_live:
+            analysis.note_unreached(node, self.reason, out)
+        elif out.reaches_output:
+            self.drops_through_unused_output(analysis, node, outs)
+        return [LIVE if out.reaches_output else NO_DERIVATIVE] * n_inputs(analysis.graph, node)
+
+    def input_masks(self, mctx, node, item, out_masks):
+        return [ALL] * len(self.item_inputs(item))
+
+
+class StructuralTransfer:
+    """The static half of a structural rule (lanes move, merge or are dropped).
+
+    A lane of an input is live if any live output lane reads it.  ``drops(item,
+    i)`` says whether input ``i`` can have lanes no output reads (a slice, a
+    gather, an overwritten region); only then does a fully live output make the
+    input partly dead.  The select *partition* of the output never survives:
+    lanes move, so they no longer line up with the select's predicate (see
+    :class:`passes.lattice.Liveness`) -- keeping it would let two uses of a
+    value, one per case of a select but through differently permuted paths,
+    join to "fully live" when lanes are dead in both.
+
+    A front end mixes it into its rule class and provides
+    ``differentiable_input(analysis, node, i)`` and ``node_item(analysis, node)``.
+    """
+
+    drops: Callable
+
+    def differentiable_input(self, analysis, node: int, index: int) -> bool:
+        raise NotImplementedError
+
+    def node_item(self, analysis, node: int):
+        raise NotImplementedError
+
+    def transfer(self, analysis, node, outs):
+        item = self.node_item(analysis, node)
+        out = joined(outs)
+        any_unused = any(not o.reaches_output for o in outs)
+        result = []
+        for i in range(n_inputs(analysis.graph, node)):
+            if not out.reaches_output or not self.differentiable_input(analysis, node, i):
+                result.append(NO_DERIVATIVE)
+            elif self.drops(item, i) or any_unused or out.is_dead:
+                result.append(dropping(analysis, node, out))
+            else:
+                result.append(out.without_partition())
+        return result

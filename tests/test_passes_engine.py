@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
+import pytest
 
 from passes import (ALL, LIVE, NONE, NO_DERIVATIVE, Level, MaskAlgebra,
                     MaskResolver, Rule, RuleTable, analyze, dead_by, partial_by,
@@ -431,3 +432,57 @@ def test_partition_is_dropped_by_lane_moving_operations():
     moved = case_of("select#1", 0, 2, LIVE).without_partition()
     other = case_of("select#1", 1, 2, LIVE)
     assert moved.join(other).level is Level.PARTIAL
+
+
+# -- shared structural transfer: select partitions do not survive moved lanes ----
+
+class _FakeGraph:
+    def __init__(self, item):
+        self.item = item
+        self.eqns = [item]
+
+    def op(self, node):
+        return self.item
+
+    def node_inputs(self, node):
+        return list(getattr(self.item, "inputs", getattr(self.item, "invars", ())))
+
+    def origin(self, node):
+        return ("node", node)
+
+
+class _FakeAnalysis:
+    def __init__(self, item):
+        self.graph = _FakeGraph(item)
+
+
+def _structural_rules():
+    """Both front ends' structural rule, each with a one-input node of its own kind."""
+    from types import SimpleNamespace
+    rules = []
+    tf = pytest.importorskip("tensorflow")
+    from hlo_guard.tf.rules.structural import Structural as TFStructural
+    op = SimpleNamespace(inputs=[SimpleNamespace(dtype=tf.float32)], type="ReverseV2")
+    rules.append((TFStructural(), _FakeAnalysis(op)))
+    jax = pytest.importorskip("jax")
+    from hlo_guard.jax_frontend.rules.structural import Structural as JaxStructural
+    x = jax.make_jaxpr(lambda a: jax.lax.rev(a, (0,)))(np.zeros(2, np.float32))
+    rules.append((JaxStructural(), _FakeAnalysis(x.jaxpr.eqns[0])))
+    return rules
+
+
+def test_structural_transfer_drops_select_partition_in_both_front_ends():
+    """``where(p, x, rev(x))``: case 0 reads x directly, case 1 through a
+    reverse.  If the reverse kept case 1's partition, joining the two uses of x
+    would say "as live as the select" although lane i is dead when neither
+    p[i] nor not p[rev(i)] holds.  The two front ends once disagreed here (TF
+    kept the partition); both now share passes.rules.StructuralTransfer."""
+    from passes.lattice import case_of
+    out = LIVE
+    case0 = case_of("sel", 0, 2, out)
+    case1 = case_of("sel", 1, 2, out)
+    assert case0.join(case1) is out  # the shortcut the partition enables
+    for rule, analysis in _structural_rules():
+        through_rev = rule.transfer(analysis, 0, [case1])[0]
+        assert through_rev.partition is None, type(rule).__module__
+        assert not case0.join(through_rev).is_live, type(rule).__module__

@@ -12,10 +12,9 @@ from typing import Any, List, Sequence
 
 from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins,
                             partial_by)
-from passes.lattice import dropped_by
 from passes.masks import ALL, NONE
 from passes.masks import or_all as passes_or_all
-from passes.rules import Rule
+from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 
@@ -33,6 +32,12 @@ class JaxRule(Rule):
     def input_masks(self, mctx, node: int, eqn, out_masks: List[Any]) -> List[Any]:
         raise NotImplementedError(type(self).__name__)
 
+    def item_inputs(self, eqn):
+        return eqn.invars
+
+    def item_outputs(self, eqn):
+        return eqn.outvars
+
     # -- forward (tangent) half ---------------------------------------------------
     def guards_output(self, analysis, node, index) -> bool:
         """Guard this output when its input tangents are partly structurally
@@ -46,10 +51,6 @@ class JaxRule(Rule):
 
     def forward_masks(self, mctx, node: int, eqn, in_masks: List[Any]) -> List[Any]:
         return [ALL] * len(eqn.outvars)
-
-
-def joined(outs: Sequence[Liveness]) -> Liveness:
-    return join_all(outs)
 
 
 def same_as_output(eqn, outs) -> List[Liveness]:
@@ -67,13 +68,9 @@ def diff_indices(eqn) -> List[int]:
 
 
 def or_all(masks):
+    """:func:`passes.masks.or_all` in JAX's mask algebra."""
     from hlo_guard.jax_frontend.mask_ops import ALGEBRA
     return passes_or_all(ALGEBRA, masks)
-
-
-def dropping(analysis, node, out: Liveness) -> Liveness:
-    """The liveness of an input some of whose lanes ``node`` drops."""
-    return dropped_by(analysis.graph.origin(node), out)
 
 
 def forward_join(fa, node, ins) -> List[Liveness]:

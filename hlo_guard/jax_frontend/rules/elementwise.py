@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import passes.rules as passes_rules
 from passes.lattice import NO_DERIVATIVE
 
 from hlo_guard.jax_frontend.graph import is_literal
@@ -68,24 +69,9 @@ class Elementwise(JaxRule):
         return [m] * len(eqn.outvars)
 
 
-class ZeroDerivative(JaxRule):
+class ZeroDerivative(passes_rules.ZeroDerivative, JaxRule):
     """Comparisons, rounding, sign, ``stop_gradient``, argmax ...: JAX gives
     these a zero (or no) derivative, so nothing flows back through them."""
-    kind = "zero-derivative"
-
-    def transfer(self, analysis, node, outs):
-        return [NO_DERIVATIVE] * len(analysis.graph.eqns[node].invars)
-
-    def input_masks(self, mctx, node, eqn, out_masks):
-        from passes.masks import NONE
-        return [NONE] * len(eqn.invars)
-
-    def forward(self, fa, node, ins):
-        return [NO_DERIVATIVE] * len(fa.graph.eqns[node].outvars)
-
-    def forward_masks(self, mctx, node, eqn, in_masks):
-        from passes.masks import NONE
-        return [NONE] * len(eqn.outvars)
 
 
 # Derivative is a finite constant: a zero cotangent stays exactly zero.

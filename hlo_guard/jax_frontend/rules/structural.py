@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import passes.rules as passes_rules
 from passes.lattice import LIVE, NO_DERIVATIVE
 from passes.masks import ALL, NONE
 
@@ -40,7 +41,7 @@ def _always(eqn, i):
     return True
 
 
-class Structural(JaxRule):
+class Structural(passes_rules.StructuralTransfer, JaxRule):
     """A lane of an input is live if any live output lane reads it.
 
     ``drops(eqn, i)`` says whether input ``i`` can have lanes no output reads
@@ -58,19 +59,12 @@ class Structural(JaxRule):
         self.bilinear = bilinear
         self.seed = seed  # optional: replace the primitive for mask purposes
 
-    def transfer(self, analysis, node, outs):
-        eqn = analysis.graph.eqns[node]
-        out = joined(outs)
-        any_unused = any(not o.reaches_output for o in outs)
-        result = []
-        for i, v in enumerate(eqn.invars):
-            if is_literal(v) or not is_inexact_aval(v.aval) or not out.reaches_output:
-                result.append(NO_DERIVATIVE)
-            elif self.drops(eqn, i) or any_unused or out.is_dead:
-                result.append(dropping(analysis, node, out))
-            else:
-                result.append(out.without_partition())  # lanes move: cases no longer line up
-        return result
+    def node_item(self, analysis, node):
+        return analysis.graph.eqns[node]
+
+    def differentiable_input(self, analysis, node, index):
+        v = analysis.graph.eqns[node].invars[index]
+        return not is_literal(v) and is_inexact_aval(v.aval)
 
     def input_masks(self, mctx, node, eqn, out_masks):
         return transpose_masks(mctx, eqn, out_masks, value_dependent=self.value_dependent,
@@ -304,22 +298,8 @@ class MixingLinear(JaxRule):
         return [ALL if live else NONE] * len(eqn.outvars)
 
 
-class Conservative(JaxRule):
+class Conservative(passes_rules.Conservative, JaxRule):
     """Known but not followed: inputs fully live, and the report says why."""
-    kind = "conservative"
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    def transfer(self, analysis, node, outs):
-        out = joined(outs)
-        eqn = analysis.graph.eqns[node]
-        if out.reaches_output and not out.is_live:
-            analysis.note_unreached(node, self.reason, out)
-        return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
-
-    def input_masks(self, mctx, node, eqn, out_masks):
-        return [ALL] * len(eqn.invars)
 
 
 # -- when does an operation drop lanes of an input? ---------------------------

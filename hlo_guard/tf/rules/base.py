@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence
 
-from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, dropped_by, join_all,
+from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, join_all,
                             merge_origins, partial_by)
 from passes.masks import ALL, NONE, or_masks
 from passes.masks import or_all as passes_or_all
-from passes.rules import Rule
+from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
 
 from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import ALGEBRA
@@ -35,6 +35,12 @@ class TFRule(Rule):
     def input_masks(self, mctx, node: int, op, out_masks: List[Any]) -> List[Any]:
         raise NotImplementedError(type(self).__name__)
 
+    def item_inputs(self, op):
+        return op.inputs
+
+    def item_outputs(self, op):
+        return op.outputs
+
     # -- forward (tangent) half: see passes.rules --------------------------------
     def guards_output(self, analysis, node, index) -> bool:
         """Guard the output when its input tangents are partly structurally
@@ -50,17 +56,9 @@ class TFRule(Rule):
         return [ALL] * len(op.outputs)
 
 
-def joined(outs: Sequence[Liveness]) -> Liveness:
-    return join_all(outs)
-
-
 def or_all(masks):
+    """:func:`passes.masks.or_all` in TF's mask algebra."""
     return passes_or_all(ALGEBRA, masks)
-
-
-def dropping(analysis, node, out: Liveness) -> Liveness:
-    """The liveness of an input some of whose lanes ``node`` drops."""
-    return dropped_by(analysis.graph.origin(node), out)
 
 
 def forward_join(fa, node, ins) -> List[Liveness]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+import passes.rules as passes_rules
 from passes.lattice import LIVE, NO_DERIVATIVE
 from passes.masks import ALL, NONE
 
@@ -114,21 +115,8 @@ def _has_custom_gradient(op) -> bool:
         return False
 
 
-class ZeroDerivative(TFRule):
+class ZeroDerivative(passes_rules.ZeroDerivative, TFRule):
     """TF registers no (or a zero) gradient: nothing flows back."""
-    kind = "zero-derivative"
-
-    def transfer(self, analysis, node, outs):
-        return [NO_DERIVATIVE] * n_inputs(analysis, node)
-
-    def input_masks(self, mctx, node, op, out_masks):
-        return [NONE] * len(op.inputs)
-
-    def forward(self, fa, node, ins):
-        return [NO_DERIVATIVE] * len(fa.graph.node_outputs(node))
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        return [NONE] * len(op.outputs)
 
 
 class Source(ZeroDerivative):

@@ -21,6 +21,7 @@ from typing import Callable, List
 
 import tensorflow as tf
 
+import passes.rules as passes_rules
 from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
 from passes.masks import ALL, NONE
 
@@ -38,7 +39,7 @@ def _always(op, i):
     return True
 
 
-class Structural(TFRule):
+class Structural(passes_rules.StructuralTransfer, TFRule):
     """A lane of an input is live if any live output lane reads it.
 
     ``drops(op, i)`` says whether input ``i`` can have lanes no output reads
@@ -65,19 +66,11 @@ class Structural(TFRule):
         self.probe_type = probe_type  # e.g. Prod probed as Sum
         self.real_values = real_values
 
-    def transfer(self, analysis, node, outs):
-        op = analysis.graph.op(node)
-        out = joined(outs)
-        any_unused = any(not o.reaches_output for o in outs)
-        result = []
-        for i, t in enumerate(op.inputs):
-            if not is_inexact(t.dtype) or not out.reaches_output:
-                result.append(NO_DERIVATIVE)
-            elif self.drops(op, i) or any_unused or out.is_dead:
-                result.append(dropping(analysis, node, out))
-            else:
-                result.append(out)
-        return result
+    def node_item(self, analysis, node):
+        return analysis.graph.op(node)
+
+    def differentiable_input(self, analysis, node, index):
+        return is_inexact(analysis.graph.op(node).inputs[index].dtype)
 
     def input_masks(self, mctx, node, op, out_masks):
         probe_type = self.probe_type
@@ -311,7 +304,7 @@ class Transpose(Structural):
         return [m if is_sentinel(m) else tf.transpose(m, mctx.value(op.inputs[1]))]
 
 
-class Conservative(TFRule):
+class Conservative(passes_rules.Conservative, TFRule):
     """Known but not followed: inputs fully live, and the report says why.
 
     Dead lanes arrive not only through a partly live output but also through
@@ -319,24 +312,12 @@ class Conservative(TFRule):
     partition 0, and a ``tf.cond`` output nobody reads leaves whatever its
     branches computed for it dead.  Both are reported (a loop output that the
     body passes through unchanged -- a loop invariant -- drops nothing)."""
-    kind = "conservative"
 
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    def transfer(self, analysis, node, outs):
-        out = joined(outs)
-        if out.reaches_output and not out.is_live:
-            analysis.note_unreached(node, self.reason, out)
-        elif out.reaches_output and _drops_through_unused_output(analysis, node, outs):
+    def drops_through_unused_output(self, analysis, node, outs):
+        if _drops_through_unused_output(analysis, node, outs):
             analysis.note_unreached(
                 node, self.reason + "; some of its outputs are unused, so the lanes that "
                 "reach only them are dead", partial_by(analysis.graph.origin(node)))
-        n = len(analysis.graph.node_inputs(node))
-        return [LIVE if out.reaches_output else NO_DERIVATIVE] * n
-
-    def input_masks(self, mctx, node, op, out_masks):
-        return [ALL] * len(op.inputs)
 
 
 class Unknown(Conservative):
