@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from jax._src import source_info_util
+from jax.extend import source_info_util
 
 _LOC = re.compile(r"^(?P<path>.*?):(?P<line>\d+)(?::(?P<col>\d+))?(?P<rest>.*)$")
 

@@ -1,7 +1,7 @@
 """The JAX front end: jaxpr in, guarded callable out."""
 import os as _os
 
-from jax._src import source_info_util as _source_info_util
+from jax.extend import source_info_util as _source_info_util
 
 # Frames inside hlo_guard are ours, not the user's: excluding them makes guards
 # and re-bound equations carry the user's file:line in jaxprs and HLO metadata

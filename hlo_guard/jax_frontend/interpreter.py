@@ -25,8 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import jax
 import numpy as np
 from jax import lax
-from jax._src import source_info_util
-from jax._src.core import eval_jaxpr
+from jax.core import eval_jaxpr
+from jax.extend import source_info_util
 from jax.custom_derivatives import SymbolicZero
 
 from passes.analysis import Analysis, analyze_forward

@@ -18,7 +18,8 @@ import inspect
 from typing import Callable, Dict, Optional
 
 import tensorflow as tf
-from tensorflow.python.eager import tape as tape_lib
+
+from hlo_guard.tf import compat
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.tf.rewrite import BuildRecord, build_guarded
@@ -69,7 +70,7 @@ class GuardedTFFunction:
         for t in flat:
             if isinstance(t, tf.Variable):
                 # a variable argument is a resource input of the traced graph
-                tape_lib.variable_accessed(t)
+                compat.variable_accessed(t)
                 out.append(tf.identity(t.handle))
             elif isinstance(t, tf.Tensor):
                 out.append(t)
@@ -89,7 +90,7 @@ class GuardedTFFunction:
         for var in concrete.variables:
             # the imported graph reads the variable through a captured handle;
             # tell the tapes, as ReadVariableOp would, so gradients are not None
-            tape_lib.variable_accessed(var)
+            compat.variable_accessed(var)
         flat_args = self._flat_tensor_args(args, kwargs)
         if len(flat_args) != len(traced.arg_names):
             raise GuardUsageError(

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import List, Tuple
 
 import tensorflow as tf
-from tensorflow.python.framework import function_def_to_graph
+
+from hlo_guard.tf import compat
 
 from passes.lattice import LIVE, dead_by
 
@@ -115,7 +116,7 @@ def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=No
     from hlo_guard.tf.rewrite import build_body  # circular: rewrite calls guard_bodies
 
     shapes = [t.shape for t in inputs]
-    body_graph = function_def_to_graph.function_def_to_graph(fdef, input_shapes=shapes)
+    body_graph = compat.function_def_to_graph(fdef, input_shapes=shapes)
     body_def = body_graph.as_graph_def()
     body_def.library.CopyFrom(library)
     in_names = [t.name for t in body_graph.inputs]

@@ -15,20 +15,22 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from hlo_guard.tf import compat
+
 
 def copy_op(op: tf.Operation, inputs: Sequence[tf.Tensor], *, op_type: Optional[str] = None,
             name: Optional[str] = None) -> tf.Operation:
     graph = tf.compat.v1.get_default_graph()
     attrs = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
     base = name or ("hlo_guard_copy/" + op.name.split("/")[-1])
-    return graph._create_op_internal(  # pylint: disable=protected-access
-        op_type or op.type, list(inputs), dtypes=[t.dtype for t in op.outputs],
+    return compat.create_op(
+        graph, op_type or op.type, list(inputs), dtypes=[t.dtype for t in op.outputs],
         name=graph.unique_name(base, mark_as_used=False), attrs=attrs)
 
 
 def is_stateful(op: tf.Operation) -> bool:
     """Whether running ``op`` a second time could differ or have an effect."""
     try:
-        return bool(op._is_stateful)  # pylint: disable=protected-access
-    except AttributeError:  # pragma: no cover - unknown op kinds are assumed effectful
+        return bool(op.op_def.is_stateful)
+    except (AttributeError, ValueError):  # pragma: no cover - unknown op kinds are assumed effectful
         return True

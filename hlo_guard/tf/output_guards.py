@@ -27,6 +27,7 @@ from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver
 from passes.planning import OutputGuardSite, plan_output_guards
 
+from hlo_guard.tf import compat
 from hlo_guard.tf.graph import TFGraph
 from hlo_guard.tf.mask_ops import ALGEBRA
 from hlo_guard.tf.rules import RULES
@@ -111,7 +112,7 @@ def apply(builder, fa: ForwardAnalysis, sites: Sequence[OutputGuardSite],
                 continue
             for k, t in enumerate(consumer.inputs):
                 if t.name == y.name:
-                    consumer._update_input(k, guarded)  # pylint: disable=protected-access
+                    compat.update_input(consumer, k, guarded)
         outputs = [guarded if t.name == y.name else t for t in outputs]
         builder.record.output_guards.append(AppliedGuard(site, form))
     return outputs

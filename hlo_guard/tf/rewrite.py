@@ -30,6 +30,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
+from hlo_guard.tf import compat
+
 from passes.analysis import Analysis, analyze
 from passes.masks import ALL, NONE, MaskResolver
 from passes.planning import GuardSite, UnguardedSite, plan_guards
@@ -247,7 +249,7 @@ class Builder:
             op = self.graph.op(node)
             if all(op.inputs[i].shape.is_compatible_with(g.shape) for i, g in items):
                 for i, g in items:
-                    op._update_input(i, g)  # pylint: disable=protected-access
+                    compat.update_input(op, i, g)
             else:
                 self._replace(op, dict(items))
         return self.record
@@ -263,10 +265,9 @@ class Builder:
             for consumer in old.consumers():
                 for k, t in enumerate(consumer.inputs):
                     if t.name == old.name:
-                        consumer._update_input(k, new)  # pylint: disable=protected-access
+                        compat.update_input(consumer, k, new)
             self.replaced[old.name] = new
-        for consumer in op._control_outputs:  # pylint: disable=protected-access
-            consumer._add_control_input(new_op)  # pylint: disable=protected-access
+        compat.move_control_outputs(op, new_op)
 
 
     def _guard_operand(self, site: GuardSite, x: tf.Tensor):

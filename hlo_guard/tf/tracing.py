@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config_pb2
-from tensorflow.python.framework import convert_to_constants
-from tensorflow.python.grappler import tf_optimizer
+
+from hlo_guard.tf import compat
 
 from hlo_guard.tf.inner_gradients import check_no_inner_gradient
 
@@ -69,22 +68,12 @@ def inline_calls(concrete, fetch: Sequence[str]):
     if not any(n.op in CALL_OPS for n in graph_def.node) and not any(
             n.op in CALL_OPS for f in graph_def.library.function for n in f.node_def):
         return graph_def
-    graph_def = convert_to_constants.disable_lower_using_switch_merge(graph_def)
+    graph_def = compat.disable_lower_using_switch_merge(graph_def)
     for function in graph_def.library.function:
         # a secondary implementation (e.g. for GPU) would block inlining
         if "api_implements" in function.attr:
             del function.attr["api_implements"]
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(graph_def)
-    fetches = meta_graph_pb2.CollectionDef()
-    fetches.node_list.value.extend(fetch)
-    meta.collection_def["train_op"].CopyFrom(fetches)
-    config = config_pb2.ConfigProto()
-    rewrite = config.graph_options.rewrite_options
-    rewrite.min_graph_nodes = -1
-    rewrite.optimizers.append("function")
-    rewrite.function_optimization = rewriter_config_pb2.RewriterConfig.AGGRESSIVE
-    return tf_optimizer.OptimizeGraph(config, meta)
+    return compat.inline_functions(graph_def, fetch)
 
 
 def trace(tf_fn, args, kwargs) -> TracedFunction:

@@ -23,7 +23,8 @@ differentiates must never be marked dead:
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.python.ops import math_ops
+
+from hlo_guard.tf import compat
 
 from passes.lattice import NO_DERIVATIVE, partial_by
 from passes.masks import ALL, NONE
@@ -155,7 +156,7 @@ class ReduceChooser(TFRule):
         x = mctx.value(op.inputs[0])
         axes = mctx.value(op.inputs[1])
         y = mctx.value(op.outputs[0])
-        kept = math_ops.reduced_shape(tf.shape(x), axes)
+        kept = compat.reduced_shape(tf.shape(x), axes)
         chosen = normalize(tf.equal(x, tf.reshape(y, kept)))
         out = out_masks[0]
         if out is not ALL and out is not NONE:
@@ -173,7 +174,7 @@ class ReduceChooser(TFRule):
         x = mctx.value(op.inputs[0])
         y = mctx.value(op.outputs[0])
         axes = mctx.value(op.inputs[1])
-        kept = math_ops.reduced_shape(tf.shape(x), axes)
+        kept = compat.reduced_shape(tf.shape(x), axes)
         chosen = tf.equal(x, tf.reshape(y, kept))
         live = tf.reduce_any(tf.logical_and(m, chosen), axis=axes,
                              keepdims=op.get_attr("keep_dims"))

@@ -21,6 +21,8 @@ from typing import Callable, List
 
 import tensorflow as tf
 
+from hlo_guard.tf import compat
+
 import passes.rules as passes_rules
 from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
 from passes.masks import ALL, NONE
@@ -363,7 +365,7 @@ def _drops_through_unused_output(analysis, node, outs) -> bool:
 def _loop_invariant(op, k: int) -> bool:
     """Whether the loop body returns its input ``k`` unchanged as output ``k``."""
     try:
-        fn = op.graph._get_function(op.get_attr("body").name)  # pylint: disable=protected-access
+        fn = compat.graph_function(op.graph, op.get_attr("body").name)
         fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
     except Exception:  # pragma: no cover - body not found: not provably invariant
         return False

@@ -1,0 +1,95 @@
+"""The places where hlo_guard reaches into TensorFlow internals, kept together.
+
+TF 2.21 has no public API for the few things below; each function says what
+it is for and why the public API does not do.  Every other module uses only
+``tf.*`` (``tests/test_module_structure.py`` checks that no module but this
+one and ``hlo_guard.jax_frontend.compat`` imports a private framework module).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+
+def variable_accessed(var) -> None:
+    """Tell the active ``GradientTape``\\ s that ``var`` is read.
+
+    The guarded wrapper reads variables through handles captured by an
+    imported graph, so no ``ReadVariableOp`` is recorded on the tape in eager
+    mode and ``tape.gradient(loss, var)`` would be None.  ``ReadVariableOp``
+    notifies the tapes with this very call; there is no public equivalent
+    (``tape.watch`` only reaches the tapes the caller holds)."""
+    from tensorflow.python.eager import tape as tape_lib
+    tape_lib.variable_accessed(var)
+
+
+def function_def_to_graph(fdef, input_shapes=None):
+    """A ``FuncGraph`` for a ``FunctionDef`` (the body of a ``While``/``If``),
+    so that the analysis can look inside control flow; TF exposes no public
+    way to rebuild a graph from a function definition."""
+    from tensorflow.python.framework import function_def_to_graph as fdtg
+    return fdtg.function_def_to_graph(fdef, input_shapes=input_shapes)
+
+
+def reduced_shape(input_shape, axes):
+    """The shape of a reduction with ``keepdims=True`` as a tensor (TF's own
+    reduction gradients use it; computing it by hand would need the same
+    handling of negative and dynamic axes)."""
+    from tensorflow.python.ops import math_ops
+    return math_ops.reduced_shape(input_shape, axes)
+
+
+def disable_lower_using_switch_merge(graph_def):
+    """Mark the functional ``If``/``While`` ops of ``graph_def`` so that
+    grappler keeps them functional instead of lowering them to
+    ``Switch``/``Merge`` (which the rewrite does not follow)."""
+    from tensorflow.python.framework import convert_to_constants
+    return convert_to_constants.disable_lower_using_switch_merge(graph_def)
+
+
+def inline_functions(graph_def, fetch: Sequence[str]):
+    """``graph_def`` with every nested function call inlined, by grappler's
+    function optimizer (the only inliner TF has; ``tf.function`` inlines
+    only when it runs the graph, not in the ``GraphDef`` we analyse)."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+    from tensorflow.python.grappler import tf_optimizer
+    meta = tf.compat.v1.MetaGraphDef()
+    meta.graph_def.CopyFrom(graph_def)
+    meta.collection_def["train_op"].node_list.value.extend(fetch)
+    config = tf.compat.v1.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.min_graph_nodes = -1
+    rewrite.optimizers.append("function")
+    rewrite.function_optimization = rewriter_config_pb2.RewriterConfig.AGGRESSIVE
+    return tf_optimizer.OptimizeGraph(config, meta)
+
+
+# -- editing a graph in place ------------------------------------------------------
+# The rewrite edits the imported graph before it is run: it re-points input
+# edges at guards and creates ops from a NodeDef's attributes.  ``tf.Graph``
+# has no public editing API (graphs are meant to be built once); these are the
+# methods TF's own ``import_graph_def`` and control-flow code use.
+
+def create_op(graph, op_type: str, inputs, dtypes, name: str, attrs):
+    """Create an op of ``op_type`` from raw ``AttrValue``\\ s (the public
+    ``raw_ops`` need Python values and an op-specific signature)."""
+    return graph._create_op_internal(  # pylint: disable=protected-access
+        op_type, list(inputs), dtypes=dtypes, name=name, attrs=attrs)
+
+
+def update_input(op, index: int, tensor) -> None:
+    """Re-point input ``index`` of ``op`` at ``tensor`` (a guard)."""
+    op._update_input(index, tensor)  # pylint: disable=protected-access
+
+
+def move_control_outputs(old_op, new_op) -> None:
+    """Give ``new_op`` every control dependant of ``old_op``."""
+    for consumer in old_op._control_outputs:  # pylint: disable=protected-access
+        consumer._add_control_input(new_op)  # pylint: disable=protected-access
+
+
+def graph_function(graph, name: str):
+    """The function ``name`` registered in ``graph`` (a loop body), to read its
+    ``FunctionDef``; a ``tf.Graph`` lists its functions only privately."""
+    return graph._get_function(name)  # pylint: disable=protected-access
