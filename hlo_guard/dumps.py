@@ -21,12 +21,10 @@ from typing import Dict, List, Tuple
 import jax
 
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice  # noqa: F401
 from hlo_guard.programs import Programs
 from hlo_guard.textdiff import KEYS, diff_texts, inserted_lines, strip_hlo_debug
 
-LEVELS = ("jaxpr", "stablehlo", "hlo")
-PROGRAMS = ("forward", "grad")
-SHOWS = ("diff", "guarded", "original", "both")
 
 _JAXPR_SG = re.compile(r"^\s*(\w+):\S+ = stop_gradient (\w+)\s*$")
 _JAXPR_SEL = re.compile(r"^\s*\w+:\S+ = select_n (\w+) (\w+) (\w+)\s*$")
@@ -34,12 +32,6 @@ _SHLO_SEL = re.compile(r"stablehlo\.select (%[\w.#]+), (%[\w.#]+), (%[\w.#]+)\b"
 
 GUARD_MARK = "hlo_guard: guard"
 ADDED_MARK = "hlo_guard: added"
-
-
-def check_choice(name: str, value: str, choices) -> str:
-    if value not in choices:
-        raise GuardUsageError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    return value
 
 
 def mark_jaxpr(guarded: str, original: str) -> str:

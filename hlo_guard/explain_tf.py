@@ -10,7 +10,7 @@ TensorFlow is imported only when such a function is passed in.
 """
 from __future__ import annotations
 
-from hlo_guard.dumps import LEVELS, PROGRAMS, SHOWS, check_choice
+from hlo_guard.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.report_model import ExplainReport
 from hlo_guard.textdiff import diff_texts

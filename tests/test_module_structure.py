@@ -1,5 +1,7 @@
 """Structure of the code base itself, checked over the AST of our modules.
 
+* No import cycles among our modules (function-local imports count: they
+  hide a cycle, they do not remove it).
 * Framework internals (``jax._src``, ``tensorflow.python``, ...) are imported
   only by the two compat modules, so that a framework upgrade touches one file
   per front end and every private hook has its reason written next to it.
@@ -69,3 +71,80 @@ def test_the_scan_sees_private_imports():
     assert is_private_framework_module("tensorflow.python.ops.math_ops")
     assert not is_private_framework_module("jax.extend.core")
     assert not is_private_framework_module("numpy.linalg")
+
+
+# -- import cycles among our modules -------------------------------------------
+
+def our_imports(mod: str, path, known):
+    """Our modules that ``mod`` imports (module-level and function-local alike:
+    a function-local import hides a cycle, it does not remove it)."""
+    found = set()
+    tree = ast.parse(path.read_text(), filename=str(path))
+    type_only = {id(n) for block in ast.walk(tree)
+                 if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                 for stmt in block.body for n in ast.walk(stmt)}  # never run
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from pkg import sub`` imports the module pkg.sub; ``from pkg import
+            # name`` the package itself
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
+                     else node.module for a in node.names]
+        for name in names:
+            if name in known and name != mod:
+                found.add(name)
+    return found
+
+
+def import_cycles():
+    """Strongly connected components of more than one module (Tarjan)."""
+    modules = dict(our_modules())
+    graph = {m: our_imports(m, p, modules) for m, p in modules.items()}
+    index, low, stack, on, comps = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return comps
+
+
+#: cycles not yet broken (a ratchet: a new cycle fails the test, and breaking
+#: one of these fails it too until it is removed here).  Both sit in TF modules
+#: other branches were editing when the scan was written: report needs
+#: GuardedTFFunction to recognise a guard and api calls build_report; the
+#: rewrite, the control-flow bodies and the output guards call each other.
+KNOWN_CYCLES: list = [
+    ["hlo_guard.tf.control", "hlo_guard.tf.output_guards", "hlo_guard.tf.rewrite"],
+    ["hlo_guard.tf.api", "hlo_guard.tf.report"],
+]
+
+
+def test_no_import_cycles():
+    cycles = import_cycles()
+    assert sorted(cycles) == sorted(KNOWN_CYCLES), "import cycles among our modules:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles)

@@ -99,7 +99,7 @@ def check_no_inner_gradient(concrete, graph_def, fetch: Iterable[str],
                             function_name: str) -> None:
     """Raise :class:`GuardUsageError` if the traced function's outputs depend on
     a gradient it computes itself."""
-    from hlo_guard.tf.tracing import user_location  # tracing imports this module
+    from hlo_guard.tf.locations import user_location
 
     found = _used_gradient_node(graph_def, fetch)
     if found is None:

@@ -12,8 +12,6 @@ library.  Fetch nodes are the inputs, the outputs and the control outputs
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -22,15 +20,9 @@ import tensorflow as tf
 from hlo_guard.tf import compat
 
 from hlo_guard.tf.inner_gradients import check_no_inner_gradient
+from hlo_guard.tf.locations import user_location
 
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
-
-def _library_dirs():
-    """Frames in these directories are library code, not the user's line."""
-    modules = [tf, sys.modules.get("keras"), sys.modules.get("hlo_guard")]
-    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                 for m in modules if m is not None and getattr(m, "__file__", None))
-
 
 @dataclass
 class TracedFunction:
@@ -44,22 +36,6 @@ class TracedFunction:
     locations: Dict[str, str] = field(default_factory=dict)
     #: locations of the ops of control-flow bodies, by body function name
     body_locations: Dict[str, Dict[str, str]] = field(default_factory=dict)
-
-
-def user_location(op) -> str:
-    """``file:line (function)`` of the innermost user frame that created ``op``."""
-    try:
-        frames = list(op.traceback)
-    except Exception:  # pragma: no cover - ops without a Python traceback
-        return ""
-    library = _library_dirs()
-    for fr in reversed(frames):
-        filename = os.path.abspath(fr.filename)
-        if filename.startswith(library) or "site-packages" in filename \
-                or filename.startswith("<"):
-            continue
-        return f"{fr.filename}:{fr.lineno} ({fr.name})"
-    return ""
 
 
 def inline_calls(concrete, fetch: Sequence[str]):

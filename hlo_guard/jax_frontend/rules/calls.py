@@ -33,7 +33,7 @@ def body_is_risky(jaxpr) -> bool:
     hit = _RISKY_CACHE.get(jaxpr)
     if hit is not None:
         return hit
-    from hlo_guard.jax_frontend.rules import RULES
+    RULES = _TABLE[0]
     risky = False
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -278,7 +278,7 @@ def _body_lanewise(jaxpr, shape) -> bool:
     hit = per_shape.get(shape)
     if hit is not None:
         return hit
-    from hlo_guard.jax_frontend.rules import RULES
+    RULES = _TABLE[0]
     ok = True
     for e in jaxpr.eqns:
         shapes = [tuple(getattr(v.aval, "shape", ())) for v in list(e.invars) + list(e.outvars)]
@@ -301,7 +301,14 @@ def _body_lanewise(jaxpr, shape) -> bool:
     return ok
 
 
+#: the table the call rules are registered in: bodies are looked up in it (set
+#: by :func:`register`, so that this module need not import the package that
+#: imports it)
+_TABLE: list = []
+
+
 def register(table):
+    _TABLE[:] = [table]
     table.register(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"],
                    Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
