@@ -11,10 +11,7 @@ The same from a shell:
 import jax
 import jax.numpy as jnp
 
-from hlo_guard.compare import compare
-from hlo_guard.dumps import dump, dump_lowered
-from hlo_guard.explain import explain
-from hlo_guard import guarded_jit
+from hlo_guard import compare, dump, dump_lowered, explain, guarded_jit
 
 
 def loss(x):

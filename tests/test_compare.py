@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hlo_guard
-from hlo_guard.compare import compare, compare_arrays
+from hlo_guard.inspect.compare import compare, compare_arrays
 from hlo_guard.errors import GuardUsageError
 
 X = jnp.array([-1.0, 0.0, 1.0, 4.0])

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 import hlo_guard
-from hlo_guard.dumps import ProgramDumps, dump, dump_lowered
+from hlo_guard.inspect.dumps import ProgramDumps, dump, dump_lowered
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.explain import explain
-from hlo_guard.programs import Programs
-from hlo_guard.textdiff import jaxpr_key, normalize_hlo, stablehlo_key
+from hlo_guard.inspect.explain import explain
+from hlo_guard.inspect.programs import Programs
+from hlo_guard.inspect.textdiff import jaxpr_key, normalize_hlo, stablehlo_key
 
 X = jnp.array([-1.0, 0.0, 1.0, 4.0])
 

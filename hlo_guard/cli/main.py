@@ -35,8 +35,8 @@ class UsageError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     from hlo_guard.argspec import FILLS, HELP
-    from hlo_guard.compare import TRANSFORMS
-    from hlo_guard.dumps import LEVELS, PROGRAMS, SHOWS
+    from hlo_guard.inspect.compare import TRANSFORMS
+    from hlo_guard.inspect.dumps import LEVELS, PROGRAMS, SHOWS
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("target", metavar="MODULE:FUNCTION",
@@ -97,12 +97,12 @@ def _prepare(ns):
 def _run(ns) -> int:
     fn, args, kwargs = _prepare(ns)
     if ns.command == "explain":
-        from hlo_guard.explain import explain
+        from hlo_guard.inspect.explain import explain
         report = explain(fn, *args, **kwargs)
         print(report.to_json() if ns.json else report.to_text())
         return EXIT_STRICT if ns.strict and report.unguarded else EXIT_OK
     if ns.command == "dump":
-        from hlo_guard.dumps import dump
+        from hlo_guard.inspect.dumps import dump
         text = dump(fn, *args, level=ns.level, program=ns.program, show=ns.show, **kwargs)
         if ns.json:
             print(json.dumps({"target": ns.target, "level": ns.level, "program": ns.program,
@@ -110,7 +110,7 @@ def _run(ns) -> int:
         else:
             print(text)
         return EXIT_OK
-    from hlo_guard.compare import compare
+    from hlo_guard.inspect.compare import compare
     result = compare(fn, *args, transform=ns.transform, **kwargs)
     print(result.to_json() if ns.json else result.to_text())
     if not result.ok():

@@ -2,7 +2,7 @@
 
 The TF front end builds :class:`passes.report.Report` records itself
 (``hlo_guard.tf.report``); here they are lifted into :class:`ExplainReport`
-so that ``hlo_guard.explain`` prints, counts and serialises a TF function
+so that ``hlo_guard.inspect.explain`` prints, counts and serialises a TF function
 exactly like a JAX one, and ``report.dumps(level, program)`` shows XLA's view
 of the original and the guarded ``tf.function`` through
 ``experimental_get_compiler_ir`` (``stablehlo`` as lowered, ``hlo`` optimized).
@@ -10,10 +10,10 @@ TensorFlow is imported only when such a function is passed in.
 """
 from __future__ import annotations
 
-from hlo_guard.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice
+from hlo_guard.inspect.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.report_model import ExplainReport
-from hlo_guard.textdiff import diff_texts
+from hlo_guard.inspect.report_model import ExplainReport
+from hlo_guard.inspect.textdiff import diff_texts
 
 TF_STAGES = {"stablehlo": "stablehlo", "hlo": "optimized_hlo"}
 

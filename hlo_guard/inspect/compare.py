@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.programs import Programs, function_name
+from hlo_guard.inspect.programs import Programs, function_name
 
 TRANSFORMS = ("grad", "vjp", "jvp", "jacfwd", "jacrev", "hessian", "none")
 #: relative tolerance for "a lane finite on both sides changed" (reassociation
@@ -321,7 +321,7 @@ def compare(fn, *args, transform: str = "grad", **kwargs) -> Comparison:
     if transform not in TRANSFORMS:
         raise GuardUsageError(
             f"transform must be one of {', '.join(TRANSFORMS)}; got {transform!r}")
-    from hlo_guard.explain_tf import is_tf_guarded
+    from hlo_guard.inspect.explain_tf import is_tf_guarded
     if is_tf_guarded(fn):
         raise GuardUsageError("compare runs JAX functions; for a TensorFlow function compare "
                               "tf.GradientTape results of fn and of its python function")

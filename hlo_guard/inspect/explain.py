@@ -28,13 +28,13 @@ import jax
 from passes.lattice import Level
 from passes.planning import plan_guards
 
-from hlo_guard.dumps import ProgramDumps
+from hlo_guard.inspect.dumps import ProgramDumps
 from hlo_guard.jax_frontend import interpreter
 from hlo_guard.jax_frontend.graph import Literal
-from hlo_guard.programs import Programs, function_name
-from hlo_guard.render import Renderer, slice_text
-from hlo_guard.report_model import ExplainReport, OriginInfo, SiteInfo
-from hlo_guard.scopes import ScopeTree
+from hlo_guard.inspect.programs import Programs, function_name
+from hlo_guard.inspect.render import Renderer, slice_text
+from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
+from hlo_guard.inspect.scopes import ScopeTree
 
 
 def explain(fn, *args, **kwargs) -> ExplainReport:
@@ -47,7 +47,7 @@ def explain(fn, *args, **kwargs) -> ExplainReport:
     and serialises with ``report.to_json()``; ``report.dumps(level, program)``
     shows the program itself.
     """
-    from hlo_guard.explain_tf import explain_tf, is_tf_guarded
+    from hlo_guard.inspect.explain_tf import explain_tf, is_tf_guarded
     if is_tf_guarded(fn):  # one report model for both front ends
         return explain_tf(fn, *args, **kwargs)
     progs = Programs.build(fn, args, kwargs)

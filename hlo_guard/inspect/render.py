@@ -41,7 +41,7 @@ def format_literal(val) -> str:
 
 
 class Renderer:
-    """Renders atoms of any graph in a :class:`hlo_guard.scopes.ScopeTree`."""
+    """Renders atoms of any graph in a :class:`hlo_guard.inspect.scopes.ScopeTree`."""
 
     def __init__(self, tree, input_names: Dict[object, str]):
         self.tree = tree

@@ -21,9 +21,9 @@ from typing import Dict, List, Tuple
 import jax
 
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice  # noqa: F401
-from hlo_guard.programs import Programs
-from hlo_guard.textdiff import KEYS, diff_texts, inserted_lines, strip_hlo_debug
+from hlo_guard.inspect.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice  # noqa: F401
+from hlo_guard.inspect.programs import Programs
+from hlo_guard.inspect.textdiff import KEYS, diff_texts, inserted_lines, strip_hlo_debug
 
 
 _JAXPR_SG = re.compile(r"^\s*(\w+):\S+ = stop_gradient (\w+)\s*$")
@@ -160,7 +160,7 @@ def dump(fn, *args, level: str = "jaxpr", program: str = "forward", show: str = 
     """Text of ``fn`` (plain, ``guard(f)`` or ``guarded_jit(f)``) at these arguments:
     ``show='diff'`` (default), ``'guarded'`` (marked), ``'original'`` or ``'both'``.
     A TensorFlow-guarded function is dumped through XLA's compiler IR."""
-    from hlo_guard.explain_tf import TFDumps, is_tf_guarded
+    from hlo_guard.inspect.explain_tf import TFDumps, is_tf_guarded
     if is_tf_guarded(fn):
         if kwargs:
             raise GuardUsageError("dumps of a TensorFlow function take positional arguments")
