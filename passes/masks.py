@@ -33,6 +33,14 @@ ALL = _Sentinel("ALL")    # every lane live
 NONE = _Sentinel("NONE")  # no lane live
 
 
+class ShadowUnavailable(Exception):
+    """A mask needs an original value that cannot be computed a second time
+    (it sits downstream of a guard and comes from an effectful op or a
+    structure the front end cannot re-run).  Both front ends raise it from
+    their side recomputation ("shadow" values); the guard is then left out and
+    the site reported, never guessed at."""
+
+
 class MaskAlgebra:
     """Array operations on masks, implemented by each front end."""
 

@@ -31,7 +31,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from passes.analysis import Analysis, analyze_forward
 from passes.lattice import LIVE
-from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver
+from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
 from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
 
 from hlo_guard.jax_frontend.compat import primitive_jvp
@@ -42,10 +42,6 @@ from hlo_guard.jax_frontend.rules.calls import (REWRITTEN_CALLS, body_of,
                                                  control_bodies, open_jaxpr)
 
 _MISSING = object()
-
-
-class ShadowUnavailable(Exception):
-    """A mask needs a value that cannot be computed a second time."""
 
 
 @contextlib.contextmanager

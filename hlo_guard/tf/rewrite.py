@@ -33,7 +33,7 @@ import tensorflow as tf
 from hlo_guard.tf import compat
 
 from passes.analysis import Analysis, analyze
-from passes.masks import ALL, NONE, MaskResolver
+from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
 from passes.planning import GuardSite, UnguardedSite, plan_guards
 
 from hlo_guard.tf.graph import TFGraph, is_inexact
@@ -41,10 +41,6 @@ from hlo_guard.tf.mask_ops import ALGEBRA
 from hlo_guard.tf.opcopy import copy_op, is_stateful
 from hlo_guard.tf.rules import RULES
 from hlo_guard.tf.tracing import TracedFunction
-
-
-class ShadowUnavailable(Exception):
-    """A mask needs a value that cannot be computed a second time."""
 
 
 @dataclass
