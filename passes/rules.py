@@ -125,6 +125,17 @@ class ForwardMaskRule(Protocol):
     def forward_masks(self, mctx, node: int, item, in_masks: List[Any]) -> List[Any]: ...
 
 
+@runtime_checkable
+class BroadcastOperandRule(Protocol):
+    """A rule whose operation broadcasts an operand implicitly (``w * x`` with
+    a scalar ``w``): the operand's cotangent is a *sum* over output lanes, dead
+    ones included, so the front end guards it at the output's shape with this
+    output-shaped mask of input ``index``."""
+
+    def broadcast_operand_mask(self, mctx, node: int, item, index: int,
+                               out_masks: List[Any]) -> Any: ...
+
+
 # -- helpers rules are written with ------------------------------------------
 
 def joined(outs: Sequence[Liveness]) -> Liveness:

@@ -32,6 +32,7 @@ from jax.custom_derivatives import SymbolicZero
 from passes.analysis import Analysis, analyze_forward
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
+from passes.rules import BroadcastOperandRule
 from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
 
 from hlo_guard.jax_frontend.compat import primitive_jvp
@@ -297,7 +298,7 @@ class Scope:
         if len(eqn.outvars) != 1:
             return False
         rule = RULES.get(eqn.primitive.name)
-        return hasattr(rule, "full_mask") and \
+        return isinstance(rule, BroadcastOperandRule) and \
             tuple(np.shape(x)) != tuple(eqn.outvars[0].aval.shape)
 
     def broadcast_masks(self, node, eqn, sites, invals):
@@ -317,8 +318,8 @@ class Scope:
             try:
                 outs = [self.resolver.value_mask(None if isinstance(v, DropVar) else v)
                         for v in eqn.outvars]
-                mask = RULES.get(eqn.primitive.name).full_mask(self, node, eqn, outs,
-                                                               site.index)
+                mask = RULES.get(eqn.primitive.name).broadcast_operand_mask(
+                    self, node, eqn, site.index, outs)
             except ShadowUnavailable as exc:
                 self.skipped.append((node, site.index, str(exc)))
                 continue

@@ -34,6 +34,7 @@ from hlo_guard.tf import compat
 
 from passes.analysis import Analysis, analyze
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
+from passes.rules import BroadcastOperandRule
 from passes.planning import GuardSite, UnguardedSite, plan_guards
 
 from hlo_guard.tf.graph import TFGraph, is_inexact
@@ -280,11 +281,10 @@ class Builder:
         op = self.graph.op(site.node)
         rule = RULES.get(op.type)
         out = op.outputs[0]
-        lane_mask = getattr(rule, "lane_mask", None)
-        if lane_mask is None or _same_static_shape(x, out):
+        if not isinstance(rule, BroadcastOperandRule) or _same_static_shape(x, out):
             return x, self.resolver.use_mask(site.node, site.index)
         out_masks = [self.resolver.value_mask(v) for v in self.graph.node_outputs(site.node)]
-        mask = lane_mask(self, site.node, op, site.index, out_masks)
+        mask = rule.broadcast_operand_mask(self, site.node, op, site.index, out_masks)
         if mask is ALL or mask is NONE:
             return x, mask
         return tf.broadcast_to(x, tf.shape(mask)), mask

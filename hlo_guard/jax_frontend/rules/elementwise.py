@@ -40,9 +40,9 @@ class Elementwise(JaxRule):
         return LazyMasks(lambda i: reduce_to_shape(out, out_shape, aval_shape(eqn.invars[i])),
                          len(eqn.invars))
 
-    def full_mask(self, mctx, node, eqn, out_masks, index):
+    def broadcast_operand_mask(self, mctx, node, eqn, index, out_masks):
         """The mask of input ``index`` at the *output's* shape, for an operand the
-        op broadcasts implicitly (see ``Scope.guard``)."""
+        op broadcasts implicitly (:class:`passes.rules.BroadcastOperandRule`)."""
         return or_all(out_masks)
 
     def forward(self, fa, node, ins):

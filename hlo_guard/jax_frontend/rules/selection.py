@@ -130,7 +130,7 @@ class MaxMin(JaxRule):
             masks.append(reduce_to_shape(and_(out, chosen, shape), shape, aval_shape(v)))
         return masks
 
-    def full_mask(self, mctx, node, eqn, out_masks, index):
+    def broadcast_operand_mask(self, mctx, node, eqn, index, out_masks):
         shape = aval_shape(eqn.outvars[0])
         ans = mctx.value(eqn.outvars[0])
         x = mctx.value(eqn.invars[index])
@@ -177,7 +177,7 @@ class Clamp(JaxRule):
             and_(out, normalize(broadcast_to(chosen[i](), shape)), shape),
             shape, aval_shape(eqn.invars[i])), 3)
 
-    def full_mask(self, mctx, node, eqn, out_masks, index):
+    def broadcast_operand_mask(self, mctx, node, eqn, index, out_masks):
         shape = aval_shape(eqn.outvars[0])
         chosen = _clamp_chosen(mctx, eqn)[index]()
         return and_(out_masks[0], normalize(broadcast_to(chosen, shape)), shape)

@@ -41,7 +41,7 @@ class Elementwise(TFRule):
         out_value = mctx.value(op.outputs[0])
         return [reduce_to(out, out_value, mctx.value(t)) for t in op.inputs]
 
-    def lane_mask(self, mctx, node, op, index, out_masks):
+    def broadcast_operand_mask(self, mctx, node, op, index, out_masks):
         """The mask at the *output* shape, for guarding a broadcast operand."""
         return or_all(out_masks)
 

@@ -98,7 +98,7 @@ class MaximumMinimum(TFRule):
         return [reduce_to(and_(out_masks[0], xmask), out, x),
                 reduce_to(and_(out_masks[0], not_(xmask)), out, y)]
 
-    def lane_mask(self, mctx, node, op, index, out_masks):
+    def broadcast_operand_mask(self, mctx, node, op, index, out_masks):
         """The mask at the *output* shape, for guarding a broadcast operand."""
         _, _, _, xmask = self._chosen(mctx, op)
         return and_(out_masks[0], xmask if index == 0 else not_(xmask))
