@@ -15,21 +15,24 @@
 """
 from __future__ import annotations
 
+import weakref
+
 from passes.lattice import LIVE, NO_DERIVATIVE, join_all
 
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 
-_RISKY_CACHE = {}
+#: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
+#: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
+_RISKY_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def body_is_risky(jaxpr) -> bool:
     """Whether a body holds an operation whose derivative may be non-finite
     (or one we know nothing about): only then are a call's outputs guarded."""
-    key = id(jaxpr)
-    hit = _RISKY_CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _RISKY_CACHE.get(jaxpr)
+    if hit is not None:
+        return hit
     from hlo_guard.jax_frontend.rules import RULES
     risky = False
     for eqn in jaxpr.eqns:
@@ -43,8 +46,15 @@ def body_is_risky(jaxpr) -> bool:
             risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
         if risky:
             break
-    _RISKY_CACHE[key] = (jaxpr, risky)
+    _RISKY_CACHE[jaxpr] = risky
     return risky
+
+
+def constant_body_inputs(graph, args, body):
+    """The inputs of ``body`` that hold constants: its own closed-over consts and
+    the parameters the caller passes a constant (literal ``0.1`` into ``clip``)."""
+    return list(body.constvars) + [v for v, a in zip(body.invars, args)
+                                   if graph.is_constant(a)]
 
 
 def open_jaxpr(obj):
@@ -71,6 +81,8 @@ def body_of(eqn):
 
 
 def scope_name(parent_scope: str, eqn) -> str:
+    if eqn.primitive.name in ("jit", "pjit") and eqn.params.get("inline"):
+        return parent_scope  # jnp's inline wrappers (jit(sqrt)): not a scope to users
     name = eqn.params.get("name")
     label = f"{eqn.primitive.name}({name})" if name else eqn.primitive.name
     return f"{parent_scope}/{label}" if parent_scope else label
@@ -85,7 +97,8 @@ class Call(JaxRule):
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn))
+        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn),
+                           constant_body_inputs(analysis.graph, eqn.invars, body))
         sub = analysis.analyze_sub(node, 0, graph, outs)
         return [sub.value_liveness(v) for v in body.invars]
 
@@ -99,7 +112,8 @@ class Call(JaxRule):
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn))
+        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn),
+                           constant_body_inputs(fa.graph, eqn.invars, body))
         sub = fa.analyze_sub(node, 0, graph, list(ins) + [LIVE] * len(body.constvars))
         return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE
                 for v in body.outvars]
@@ -136,7 +150,9 @@ class ControlFlow(JaxRule):
         name = eqn.primitive.name
         noted = False
         for k, (body, _) in enumerate(control_bodies(eqn)):
-            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]")
+            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]",
+                               constant_body_inputs(analysis.graph, eqn.invars[1:], body)
+                               if name == "cond" else body.constvars)
             if name == "cond":
                 body_outs = list(outs)
             elif name == "scan":
@@ -302,7 +318,7 @@ def _selection_free(jaxpr) -> bool:
 
 _LANEWISE_KINDS = ("elementwise", "zero-derivative")
 _LANEWISE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim"}
-_LANEWISE_CACHE = {}
+_LANEWISE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> {shape: bool}
 
 
 def is_lanewise_call(eqn) -> bool:
@@ -321,10 +337,10 @@ def is_lanewise_call(eqn) -> bool:
 
 
 def _body_lanewise(jaxpr, shape) -> bool:
-    key = (id(jaxpr), shape)
-    hit = _LANEWISE_CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    per_shape = _LANEWISE_CACHE.setdefault(jaxpr, {})
+    hit = per_shape.get(shape)
+    if hit is not None:
+        return hit
     from hlo_guard.jax_frontend.rules import RULES
     ok = True
     for e in jaxpr.eqns:
@@ -344,7 +360,7 @@ def _body_lanewise(jaxpr, shape) -> bool:
                 ok = rule is not None and rule.kind in _LANEWISE_KINDS
         if not ok:
             break
-    _LANEWISE_CACHE[key] = (jaxpr, ok)
+    per_shape[shape] = ok
     return ok
 
 
