@@ -31,6 +31,7 @@ from passes.planning import plan_guards
 from hlo_guard.dumps import ProgramDumps
 from hlo_guard.jax_frontend import interpreter
 from hlo_guard.jax_frontend.graph import Literal
+from hlo_guard.jax_frontend.rules.calls import MASK_ONLY
 from hlo_guard.programs import Programs, function_name
 from hlo_guard.render import Renderer, slice_text
 from hlo_guard.report_model import ExplainReport, OriginInfo, SiteInfo
@@ -64,7 +65,8 @@ def build_report(progs: Programs) -> ExplainReport:
     explainer = _Explainer(tree, Renderer(tree, input_names))
     sites: List[SiteInfo] = []
     for a in tree.analyses():
-        sites.extend(explainer.scope_sites(a))
+        if not a.notes.get(MASK_ONLY):  # a custom call's body: masks only, never guarded
+            sites.extend(explainer.scope_sites(a))
     dumps = ProgramDumps(progs)
     report = ExplainReport(framework="jax", function=function_name(progs.guarded.fn),
                            sites=sites, signature=progs.signature(), _dumps=dumps.show)
