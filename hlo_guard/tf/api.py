@@ -56,6 +56,8 @@ class GuardedTFFunction:
         # (``__signature__`` also keeps ``inspect.signature`` working although
         # ``__get__`` makes instances look like method descriptors)
         _copy_signature(self, self.python_function)
+        if not hasattr(self, "__name__"):  # a Keras model or layer, a callable object
+            self.__name__ = getattr(fn, "name", None) or type(fn).__name__
 
     # -- tracing ---------------------------------------------------------------------
     def _flat_tensor_args(self, args, kwargs):
@@ -125,8 +127,8 @@ class GuardedTFFunction:
 
     def report(self, *args, **kwargs):
         """A :class:`passes.report.Report` of the guards for these arguments."""
-        from hlo_guard.tf.report import build_report
-        return build_report(self.record_for(*args, **kwargs), self.__name__)
+        from hlo_guard.tf.report import report
+        return report(self, *args, **kwargs)
 
     explain = report
 
@@ -186,6 +188,11 @@ def guarded_function(fn: Optional[Callable] = None, *, jit_compile=True, input_s
         return guarded.wrapper(*args, **kwargs)
     _copy_signature(call, guarded.python_function)
 
+    # ``call`` has no Python control flow to convert, and autograph would try to
+    # parse it as a lambda when the user's function is one (it carries the name
+    # ``<lambda>``), logging a warning; the user's own function is converted
+    # when the guard traces it
+    tf_function_kwargs.setdefault("autograph", False)
     outer = tf.function(call, jit_compile=jit_compile, input_signature=input_signature,
                         **tf_function_kwargs)
     outer.hlo_guard = guarded
