@@ -112,6 +112,11 @@ def report(fn, *args, **kwargs) -> "TFReport":
     ``.dumps(level, program, show)`` shows XLA's view of the original and guarded
     programs, as the JAX report does."""
     guarded = _guard_of(fn)
+    # guarded_function used as a method: tf.function bound ``self`` through a
+    # TfMethodTarget, and the guard inside sees ``self`` as its first argument
+    target = getattr(getattr(fn, "__wrapped__", None), "__self__", None)
+    if hasattr(target, "target") and hasattr(target, "weakrefself_func__"):
+        args = (target.target,) + tuple(args)
     result = build_report(guarded.record_for(*args, **kwargs), guarded.__name__)
     if not kwargs:  # XLA dumps take positional tensors
         from hlo_guard.explain_tf import TFDumps
