@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Optional
 
 from hlo_guard.dumps import LEVELS, PROGRAMS, SHOWS, check_choice
 from hlo_guard.errors import GuardUsageError
@@ -121,7 +122,7 @@ class TFDumps:
                                            guarded=which == "guarded")
         return self._texts[key]
 
-    def show(self, level: str = None, program: str = "forward",
+    def show(self, level: Optional[str] = None, program: str = "forward",
              show: str = "diff") -> str:
         level = level or "stablehlo"  # a TF program has no jaxpr
         check_choice("level", level, LEVELS)

@@ -61,7 +61,7 @@ def _check(fn, w, x):
 @pytest.mark.parametrize("kind", sorted(DECORATORS))
 def test_method_with_input_signature_binds_self(kind):
     m = make_module(kind, W)
-    plain = lambda x: tf.where(m.w * x > 0, tf.sqrt(m.w * x), 0.0)  # noqa: E731
+    plain = lambda x: tf.where(m.w * x > 0, tf.sqrt(m.w * x), 0.0)
     assert np.isnan(xla_value_and_grad(plain, m.w, X)[1]).any()      # the bug
     _check(m.f, m.w, X)
     _check(m.f, m.w, tf.constant([2.0, 0.5, -1.0, 0.0]))

@@ -29,7 +29,7 @@ import tensorflow as tf
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.tf.api import GuardedTFFunction, guard
 
-__all__ = ["GuardedTrainStep", "guard_train_step", "guarded_train_step", "guarded_forward"]
+__all__ = ["GuardedTrainStep", "guard_train_step", "guarded_forward", "guarded_train_step"]
 
 _FORWARD_ATTR = "_hlo_guard_forward"
 
