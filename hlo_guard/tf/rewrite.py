@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import tensorflow as tf
 
 from passes.analysis import Analysis, analyze
+from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver
 from passes.planning import GuardSite, UnguardedSite, plan_guards
 
@@ -337,7 +338,10 @@ def build_body(graph_def, in_names, out_names, args, library, body_locations, na
         from hlo_guard.tf.tangent_gaps import body_seeds
         lvs, suspect, where = tangents
         names = [a.name for a in args]
-        in_tangents = dict(zip(names, lvs))
+        # a variable handle's reads have a live tangent whatever the caller's
+        # analysis says about the handle (it may be an accumulator primal)
+        in_tangents = {n: LIVE if a.dtype == tf.resource else lv
+                       for n, a, lv in zip(names, args, lvs)}
         seeds = body_seeds(names, list(lvs), list(suspect), where)
     return _guard_graph(ops, outputs, library, body_locations.get(name, {}), body_locations,
                         prefix, depth, out_liveness, in_tangents, seeds)

@@ -31,7 +31,7 @@ from passes.analysis import analyze_forward
 from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dead_by, partial_by
 from passes.masks import ALL
 
-from hlo_guard.tf.graph import TFGraph
+from hlo_guard.tf.graph import TFGraph, carries_derivative
 from hlo_guard.tf.mask_ops import normalize
 from hlo_guard.tf.rules.structural import Conservative
 from hlo_guard.tf.tangent_gaps import body_seeds, note_unfollowed, tainted_values
@@ -68,7 +68,8 @@ class BodyView(TFGraph):
 
 
 def _carries(dtype) -> bool:
-    from hlo_guard.tf.graph import carries_derivative
+    """As :class:`hlo_guard.tf.output_guards.ForwardView`: a variable handle
+    may be a primal of the accumulator."""
     return carries_derivative(dtype) or tf.as_dtype(dtype) == tf.resource
 
 
