@@ -104,6 +104,16 @@ CASES = [
     ("while_live_carry",
      lambda x: tf.sqrt(loop(lambda x, s: s + tf.sqrt(x * x + 1.0), lambda x: x)(x) + 3.0),
      lambda x: tf.sqrt(x + 2.0 * tf.sqrt(x * x + 1.0) + 3.0), X, True),
+    # an accumulator from a constant: live once the loop ran (the counter moved) ...
+    ("while_accumulator_from_zero",
+     lambda x: tf.sqrt(loop(lambda x, s: s + x * x + 1.0, tf.zeros_like)(x)),
+     lambda x: tf.sqrt(2.0 * (x * x + 1.0)), X, True),
+    # ... and structurally zero if it ran zero times (sum > 0: no iteration)
+    ("while_accumulator_zero_iterations",
+     lambda x: tf.sqrt(tf.while_loop(
+         lambda i, s: i < tf.cast(tf.reduce_sum(x) < 0, tf.int32),
+         lambda i, s: (i + 1, s + x), (0, tf.zeros_like(x)))[1]),
+     tf.zeros_like, X, True),
     ("softmax_of_live_logits", lambda x: tf.sqrt(tf.nn.softmax(x)),
      lambda x: tf.sqrt(tf.nn.softmax(x)), X, True),
     # -- not followed lane by lane: reported (each is a real leak, see below)

@@ -16,9 +16,10 @@ op's inputs:
   branch) or unknown is taken as fully live and noted (reported where it
   reaches a singular op, :mod:`hlo_guard.tf.tangent_gaps`).
 - ``While``: the carried tangents' fixed point.  An output is fully live
-  only when its initial tangent and the body's output are both fully live;
-  otherwise (a lane zeroed by some iteration, or a zero initial tangent if the
-  loop runs zero times) it is taken as fully live and noted.
+  when its initial tangent and the body's output are both fully live; an
+  accumulator that starts from a constant is live exactly when the loop ran
+  (``while_v2``'s counter moved: the mask).  Otherwise (a lane zeroed by
+  some iteration) it is taken as fully live and noted.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ WHILES = ("While", "StatelessWhile")
 #: ``ForwardAnalysis.notes`` keys
 BRANCHES = "branches"   # {node: [tuple of live branch indices, or None (output LIVE)]}
 CARRIED = "carried"     # {node: (tangent liveness of the body inputs, suspect flags)}
+RAN = "ran"             # {node: outputs whose tangent is live iff the loop ran once}
 
 #: rounds of the loop fixed point before giving up (the lattice is 3 levels high)
 MAX_ROUNDS = 6
@@ -55,6 +57,7 @@ class BodyView(TFGraph):
         args = {t.op.name for t in func_graph.inputs}
         ops = [op for op in func_graph.get_operations() if op.name not in args]
         super().__init__(ops, func_graph.outputs)
+        self.func_graph = func_graph
         self._args = [t.name for t in func_graph.inputs]
         for t in func_graph.inputs:
             self.tensors.setdefault(t.name, t)
@@ -173,7 +176,8 @@ class ControlFlow(Conservative):
             note_unfollowed(fa, node, f"{where} (its carried tangents did not settle)")
             fa.notes.setdefault(CARRIED, {})[node] = (carried, [True] * len(carried))
             return [LIVE] * len(carried)
-        result, unfollowed, bad = [], [], []
+        counted = _has_loop_counter(body)
+        result, unfollowed, bad, after_first = [], [], [], []
         for k, (init, out, c) in enumerate(zip(ins, outs, carried)):
             variant = op.inputs[k].dtype == tf.variant
             if not c.reaches_output:
@@ -184,11 +188,20 @@ class ControlFlow(Conservative):
                 # element the loop writes has one
                 result.append(LIVE)
                 bad.append(False)
+            elif out.is_live and not suspect[k] and not init.reaches_output and counted:
+                # an accumulator starting from a constant (``s = 0; s += f(x)``):
+                # live once the loop has run, zero if it ran zero times -- the
+                # loop counter tells which.  Inside the body its first
+                # iteration still reads the constant: suspect there.
+                result.append(partial_by(op.name))
+                after_first.append(k)
+                bad.append(True)
             else:
                 result.append(LIVE)
                 unfollowed.append(k)
                 bad.append(True)
         fa.notes.setdefault(CARRIED, {})[node] = (carried, bad)
+        fa.notes.setdefault(RAN, {})[node] = after_first
         if unfollowed:
             note_unfollowed(fa, node, f"{where} (a loop-carried tangent is structurally zero "
                             "in some lanes after some iteration, or before the first)",
@@ -197,14 +210,20 @@ class ControlFlow(Conservative):
 
     def forward_masks(self, mctx, node, op, in_masks):
         fa = getattr(mctx, "forward", None)
-        live_sets = fa.notes.get(BRANCHES, {}).get(node) if fa is not None else None
+        notes = fa.notes if fa is not None else {}
+        live_sets = notes.get(BRANCHES, {}).get(node)
+        after_first = notes.get(RAN, {}).get(node) or ()
         masks = []
         for k, out in enumerate(op.outputs):
             live = live_sets[k] if live_sets else None
-            if live is None:
+            if k in after_first:
+                # the counter (an int, no tangent) moved: the loop ran
+                taken = tf.not_equal(op.outputs[0], op.inputs[0])
+            elif live is None:
                 masks.append(ALL)
                 continue
-            taken = self._taken_in(mctx, op, live)
+            else:
+                taken = self._taken_in(mctx, op, live)
             shape = out.shape.as_list() if out.shape.is_fully_defined() else tf.shape(out)
             masks.append(normalize(tf.broadcast_to(taken, shape)))
         return masks
@@ -219,6 +238,22 @@ class ControlFlow(Conservative):
         # Case runs the last branch for an out-of-range index
         index = tf.where((selector >= 0) & (selector < n), selector, n - 1)
         return tf.reduce_any(tf.equal(index, tf.constant(live, dtype=index.dtype)))
+
+
+def _has_loop_counter(body: BodyView) -> bool:
+    """Whether loop variable 0 is ``while_v2``'s counter: an int32 the body
+    returns as ``counter + 1`` (through identities)."""
+    func = body.func_graph
+    if not func.inputs or not func.outputs or func.inputs[0].dtype != tf.int32:
+        return False
+    t = func.outputs[0]
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    if t.op.type not in ("AddV2", "Add"):
+        return False
+    a, b = t.op.inputs
+    one = tf.get_static_value(b)
+    return a.name == func.inputs[0].name and one is not None and int(one) == 1
 
 
 def body_tangents(fa, node, op):
