@@ -48,11 +48,12 @@ def explain(fn, *args, **kwargs) -> ExplainReport:
     and serialises with ``report.to_json()``; ``report.dumps(level, program)``
     shows the program itself.
     """
-    from hlo_guard.explain_tf import explain_tf, is_tf_guarded
+    from hlo_guard.explain_tf import explain_tf, is_tf_guarded, refuse_plain_tf
     if is_tf_guarded(fn):  # one report model for both front ends
         return explain_tf(fn, *args, **kwargs)
-    progs = Programs.build(fn, args, kwargs)
-    return build_report(progs)
+    with refuse_plain_tf(fn, args, kwargs):
+        progs = Programs.build(fn, args, kwargs)
+        return build_report(progs)
 
 
 def build_report(progs: Programs) -> ExplainReport:
