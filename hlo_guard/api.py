@@ -19,8 +19,8 @@ from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.interpreter import run_guarded
 from hlo_guard.jax_frontend.trace_cache import (DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE,
                                                 TraceCache, arrays_held)
-from hlo_guard.jax_frontend.value_mode import MODES
 from hlo_guard.jax_frontend.tracing import normalize_static, signature_of, trace
+from hlo_guard.jax_frontend.value_mode import MODES
 
 JIT_KEYWORDS = frozenset(p for p in inspect.signature(jax.jit).parameters if p != "fun")
 
