@@ -1,7 +1,7 @@
 """Calls and control flow.
 
-* ``jit`` (every ``jnp.where`` is one), ``closed_call``, ``core_call``,
-  ``remat2``: the body is analysed with the liveness of the call's outputs and
+* ``jit`` (every ``jnp.where`` is one), ``closed_call``, ``remat2``
+  (``jax.checkpoint``): the body is analysed with the liveness of the call's outputs and
   its inputs get the liveness of the body's inputs.  The interpreter keeps the
   boundary and re-binds the call with a guarded body (passing the output masks
   in as extra arguments when some outputs are partly dead).
@@ -56,18 +56,14 @@ def open_jaxpr(obj):
 
 CALL_BODY_PARAM = {
     "jit": "jaxpr",
-    "pjit": "jaxpr",
     "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
     "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
 }
 
 #: calls whose body the interpreter rewrites (custom-derivative calls are not)
-REWRITTEN_CALLS = {"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"}
+REWRITTEN_CALLS = {"jit", "closed_call", "remat2"}
 
 
 def body_of(eqn):
@@ -286,7 +282,6 @@ def _body_lanewise(jaxpr, shape) -> bool:
 
 
 def register(table):
-    table.register(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"],
-                   Call(guards=False))
+    table.register(sorted(REWRITTEN_CALLS), Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
     table.register(["cond", "while", "scan", "shard_map"], ControlFlow())

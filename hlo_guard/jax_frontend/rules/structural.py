@@ -361,14 +361,14 @@ def _as_cumsum(eqn):
 
 def register(table):
     same = Structural()
-    table.register(["broadcast_in_dim", "reshape", "squeeze", "expand_dims",
+    table.register(["broadcast_in_dim", "reshape", "squeeze",
                     "transpose", "rev", "concatenate", "reduce_sum", "cumsum",
                     "tile", "stack"], same)
     table.register("slice", Structural(_slice_drops))
     table.register("dynamic_slice", Structural(_dynamic_slice_drops))
     table.register("dynamic_update_slice", Structural(_first_operand_drops))
     table.register("gather", Structural(_always))
-    table.register(["scatter-add", "scatter_add", "scatter-sub", "scatter_sub"],
+    table.register(["scatter-add", "scatter-sub"],
                    Structural(lambda eqn, i: i != 0))
     table.register("scatter", Structural(_always))
     table.register("pad", Structural(_pad_drops))
