@@ -144,21 +144,37 @@ def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     leaves = [leaf for _, leaf in leaves_with_paths]
     avals = tuple(leaf_aval(leaf, describe_path(path)) for path, leaf in leaves_with_paths)
     key = (treedef, tuple((a.shape, a.dtype, getattr(a, "weak_type", False),
-                           str(getattr(a, "sharding", ""))) for a in avals),
+                           str(getattr(a, "sharding", "")), str(manual_axes_of(a)))
+                          for a in avals),
            static, bool(jax.config.jax_enable_x64))
     return key, leaves, avals, treedef, static
 
 
+def manual_axes_of(aval):
+    """The value's varying/unreduced/reduced manual axes inside ``shard_map``
+    (None outside): part of its type when ``check_vma`` is on."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return None if mat is None or getattr(mat, "empty", True) else mat
+
+
 def spec_of(aval):
     """A ShapeDtypeStruct keeping what tracing depends on: the weak type
-    (Python scalars promote differently) and, under explicit-axis meshes, the
-    sharding that is part of the type."""
+    (Python scalars promote differently), under explicit-axis meshes the
+    sharding that is part of the type, and inside ``shard_map`` the manual
+    axes the value varies over -- traced without them, ``x > 0`` records no
+    ``pvary`` of the literal and re-binding it on a varying ``x`` fails."""
     sharding = getattr(aval, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None or getattr(mesh, "empty", True) or not getattr(sharding, "spec", None) \
-            or all(p is None for p in sharding.spec):
+    manual = manual_axes_of(aval)
+    if manual is None and (mesh is None or getattr(mesh, "empty", True)
+                           or not getattr(sharding, "spec", None)
+                           or all(p is None for p in sharding.spec)):
         sharding = None
     try:
+        if manual is not None:
+            return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                                        weak_type=getattr(aval, "weak_type", False),
+                                        sharding=sharding, manual_axis_type=manual)
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
                                     weak_type=getattr(aval, "weak_type", False),
                                     sharding=sharding)

@@ -15,6 +15,9 @@ unguarded.
 """
 from __future__ import annotations
 
+import jax
+import numpy as np
+
 from passes.lattice import NO_DERIVATIVE
 from passes.masks import ALL
 
@@ -23,7 +26,7 @@ from hlo_guard.jax_frontend.rules.base import JaxRule
 
 IDENTITY_PRIMITIVES = [
     "device_put", "sharding_constraint", "reshard", "layout_constraint", "shard_alike",
-    "copy", "optimization_barrier", "name", "pvary",
+    "copy", "optimization_barrier", "name",
 ]
 
 
@@ -61,5 +64,34 @@ class Identity(JaxRule):
         return list(in_masks)
 
 
+class PVary(Identity):
+    """``pvary``: an invariant value (the same on every device of ``axes``)
+    used as a varying one.  Its transpose is a ``psum`` over ``axes``, so a
+    lane of the input is live iff it is live on *any* device: the input mask
+    is the output mask OR-ed over ``axes``.  (Guarding the invariant input
+    with one device's mask would not type-check, and would be wrong: the
+    other devices' dead lanes are summed into its cotangent.)  That OR is a
+    small collective in the forward program, built only when a guard before
+    the ``pvary`` needs it."""
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        axes = tuple(eqn.params.get("axes", ()))
+        if not self._paired(eqn) or not axes:
+            return super().input_masks(mctx, node, eqn, out_masks)
+        return [_or_over_axes(m, axes) for m in out_masks]
+
+
+def _or_over_axes(mask, axes):
+    from hlo_guard.jax_frontend.mask_ops import normalize
+    if mask is ALL or not isinstance(mask, jax.core.Tracer):
+        return mask  # ALL, NONE and trace-time masks are the same on every device
+    varying = getattr(getattr(jax.typeof(mask), "manual_axis_type", None), "varying", ())
+    over = tuple(a for a in axes if a in varying)
+    if not over:
+        return mask
+    return normalize(jax.lax.psum(mask.astype(np.int32), over) > 0)
+
+
 def register(table):
     table.register(IDENTITY_PRIMITIVES, Identity())
+    table.register("pvary", PVary())
