@@ -209,7 +209,7 @@ class Scope:
     # -- masks -------------------------------------------------------------------
     def _input_masks(self, node, out_masks):
         eqn = self.graph.eqns[node]
-        rule = RULES.get(eqn.primitive.name)
+        rule = self.analysis.rules.get(eqn.primitive.name)  # RULES, or a variant of it
         return rule.input_masks(self, node, eqn, out_masks)
 
     def tangent_mask(self, var):
