@@ -136,3 +136,25 @@ def test_jvp_through_relu_keeps_genuine_singularity():
     _, t = jax.jvp(guard(f), (x,), (jnp.ones_like(x),))
     want = [0.0, 0.5 / np.sqrt(np.float32(1e-30)), 0.5]
     np.testing.assert_allclose(t, np.asarray(want, np.float32), rtol=1e-6)
+
+
+def test_optax_weighted_logsoftmax_with_padding_rows():
+    """Real library: optax's ``weighted_logsoftmax`` is a ``custom_jvp`` over a
+    softmax (a reduction per row).  A padding row of ``-inf`` logits masked out
+    by ``where`` must not put its NaN into the gradient."""
+    classification = pytest.importorskip("optax.losses._classification")
+    wls = classification.weighted_logsoftmax
+    x = jnp.array([[-jnp.inf, -jnp.inf, -jnp.inf], [1.0, 2.0, 0.5], [0.0, -1.0, 3.0]])
+    w = jnp.array([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    valid = jnp.array([False, True, True])
+
+    def f(x):
+        return jnp.sum(jnp.where(valid, -wls(x, w).sum(-1), 0.0))
+
+    def oracle(x):
+        safe = jnp.where(valid[:, None], x, 0.0)
+        return jnp.sum(jnp.where(valid, -wls(safe, w).sum(-1), 0.0))
+
+    assert np.isnan(jax.grad(f)(x)).any()
+    np.testing.assert_array_equal(guard(f)(x), f(x))
+    np.testing.assert_array_equal(jax.grad(guard(f))(x), jax.grad(oracle)(x))
