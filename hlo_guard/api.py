@@ -17,7 +17,9 @@ import jax
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.interpreter import run_guarded
-from hlo_guard.jax_frontend.tracing import TracedProgram, normalize_static, signature_of, trace
+from hlo_guard.jax_frontend.trace_cache import (DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE,
+                                                TraceCache, arrays_held)
+from hlo_guard.jax_frontend.tracing import normalize_static, signature_of, trace
 
 JIT_KEYWORDS = frozenset(p for p in inspect.signature(jax.jit).parameters if p != "fun")
 
@@ -28,14 +30,40 @@ def _check_callable(fn, who: str):
 
 
 class GuardedFunction:
-    """``f`` with gradient guards.  Composes with every JAX transformation."""
+    """``f`` with gradient guards.  Composes with every JAX transformation.
 
-    def __init__(self, fn: Callable, static_argnums=(), static_argnames=()):
+    One trace (jaxpr and analysis) is kept per input signature, for the
+    ``cache_size`` most recently used signatures, fewer when the constants they
+    hold exceed ``cache_bytes`` together; ``jax.clear_caches()`` empties the
+    cache.
+
+    Methods: as with ``jax.jit``, ``self`` is an ordinary argument.  A class
+    registered as a pytree (``jax.tree_util.register_dataclass``, flax,
+    equinox) has its arrays traced -- and differentiated -- like any argument;
+    any other ``self`` is refused with a message that says so, unless marked
+    static (``@guard(static_argnums=0)``: hashable, and its attributes are then
+    baked into the trace, as under ``jax.jit``).  Decorating a ``staticmethod``
+    or ``classmethod`` works in either order; a ``classmethod``'s ``cls`` is
+    bound as a constant (a class is not data).
+    """
+
+    def __init__(self, fn: Callable, static_argnums=(), static_argnames=(),
+                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES):
+        self._binding = "method"
+        if isinstance(fn, staticmethod):
+            fn, self._binding = fn.__func__, "static"
+        elif isinstance(fn, classmethod):
+            fn, self._binding = fn.__func__, "class"
         _check_callable(fn, "hlo_guard.guard")
         self.fn = fn
         self.static_argnums, self.static_argnames = normalize_static(
             fn, static_argnums, static_argnames)
-        self._cache: Dict[Any, TracedProgram] = {}
+        self._static_spec = (static_argnums, static_argnames)
+        self._cache = TraceCache(cache_size, f"hlo_guard.guard({getattr(fn, '__qualname__', fn)})",
+                                 max_bytes=cache_bytes,
+                                 weigh=lambda program: arrays_held(program.closed_jaxpr))
+        self._bound_to_class: Dict[Any, "GuardedFunction"] = {}
         functools.update_wrapper(self, fn)
 
     def traced(self, *args, **kwargs):
@@ -44,12 +72,13 @@ class GuardedFunction:
             self.fn, args, kwargs, self.static_argnums, self.static_argnames)
         program = self._cache.get(key)
         if program is None:
-            program = trace(self.fn, avals, treedef, static, len(args))
+            program = trace(self.fn, avals, treedef, static, len(args),
+                            self.static_argnums, self.static_argnames)
             # A function that closes over a tracer of an enclosing transformation
             # (guard inside jax.grad of something else) bakes that tracer into the
             # jaxpr's constants: such a trace is valid for this call only.
             if not any(isinstance(c, jax.core.Tracer) for c in program.closed_jaxpr.consts):
-                self._cache[key] = program
+                self._cache.put(key, program)
         return program, leaves
 
     def __call__(self, *args, **kwargs):
@@ -57,24 +86,51 @@ class GuardedFunction:
         outs = run_guarded(program.analysis, program.closed_jaxpr.consts, leaves)
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
-    def __get__(self, obj, objtype=None):  # allow use as a method decorator
+    def __get__(self, obj, objtype=None):
+        """Method binding: ``self`` becomes the first argument (as for ``jax.jit``)."""
+        if self._binding == "static":
+            return self
+        if self._binding == "class":
+            return self._bound_to(objtype if objtype is not None else type(obj))
         if obj is None:
             return self
+        if isinstance(obj, type):  # ``@classmethod`` outside ``@guard``
+            return self._bound_to(obj)
         return functools.partial(self, obj)
+
+    def _bound_to(self, cls) -> "GuardedFunction":
+        """This function with ``cls`` bound as a constant (a class is not data),
+        one guarded function (and trace cache) per class."""
+        bound = self._bound_to_class.get(cls)
+        if bound is None:
+            nums, names = self._static_spec
+            nums = (nums,) if isinstance(nums, int) else tuple(nums or ())
+            shifted = tuple(i - 1 for i in nums if i > 0)
+            bound = GuardedFunction(functools.partial(self.fn, cls), shifted, names,
+                                    self._cache.maxsize, self._cache.max_bytes)
+            self._bound_to_class[cls] = bound
+        return bound
 
     def __repr__(self):
         return f"guard({getattr(self.fn, '__qualname__', self.fn)!r})"
 
 
-def guard(fn: Optional[Callable] = None, *, static_argnums=(), static_argnames=()):
+def guard(fn: Optional[Callable] = None, *, static_argnums=(), static_argnames=(),
+          cache_size: int = DEFAULT_CACHE_SIZE,
+          cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES):
     """Return ``fn`` with gradient guards inserted before every operation whose
     dead lanes could turn a structural zero into NaN.
 
     Usable as ``guard(f)``, ``@guard`` or ``@guard(static_argnums=...)``.
+    ``cache_size`` bounds the traces kept (one per input signature, least
+    recently used dropped first; 0 re-traces on every call); ``cache_bytes``
+    bounds the constants they hold together (each array counted once; the
+    latest trace is always kept; None: no byte bound).
     """
     if fn is None:
-        return lambda f: GuardedFunction(f, static_argnums, static_argnames)
-    return GuardedFunction(fn, static_argnums, static_argnames)
+        return lambda f: GuardedFunction(f, static_argnums, static_argnames, cache_size,
+                                         cache_bytes)
+    return GuardedFunction(fn, static_argnums, static_argnames, cache_size, cache_bytes)
 
 
 def guarded_jit(fn: Optional[Callable] = None, **jit_kwargs):

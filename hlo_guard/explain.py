@@ -31,6 +31,7 @@ from passes.planning import plan_guards
 from hlo_guard.dumps import ProgramDumps
 from hlo_guard.jax_frontend import interpreter
 from hlo_guard.jax_frontend.graph import Literal
+from hlo_guard.jax_frontend.rules.calls import MASK_ONLY
 from hlo_guard.programs import Programs, function_name
 from hlo_guard.render import Renderer, slice_text
 from hlo_guard.report_model import ExplainReport, OriginInfo, SiteInfo
@@ -64,7 +65,8 @@ def build_report(progs: Programs) -> ExplainReport:
     explainer = _Explainer(tree, Renderer(tree, input_names))
     sites: List[SiteInfo] = []
     for a in tree.analyses():
-        sites.extend(explainer.scope_sites(a))
+        if not a.notes.get(MASK_ONLY):  # a custom call's body: masks only, never guarded
+            sites.extend(explainer.scope_sites(a))
     dumps = ProgramDumps(progs)
     report = ExplainReport(framework="jax", function=function_name(progs.guarded.fn),
                            sites=sites, signature=progs.signature(), _dumps=dumps.show)
@@ -75,7 +77,13 @@ def _op_name(eqn) -> str:
     """``sqrt``; calls by their name: ``jit(norm)``, ``custom_jvp_call(relu)``."""
     name = eqn.params.get("name") if hasattr(eqn, "params") else None
     prim = eqn.primitive.name
+    if prim in ("jit", "pjit") and eqn.params.get("inline") and isinstance(name, str) and name:
+        return name.lstrip("_") or prim  # jnp's inline wrapper: the user's jnp.maximum
     return f"{prim}({name})" if isinstance(name, str) and name else prim
+
+
+def _is_inline_call(eqn) -> bool:
+    return eqn.primitive.name in ("jit", "pjit") and bool(eqn.params.get("inline"))
 
 
 def _level_name(level: Level) -> str:
@@ -94,11 +102,22 @@ class _Explainer:
         skipped = sorted(analysis.notes.get("_skipped", ()),
                          key=lambda t: (t[0], -1 if t[1] is None else t[1]))
         skipped_uses = {(n, i) for n, i, _ in skipped}
+        passed_skip = self.passed_masks_skipped(analysis)
         for site in guards:
             eqn = graph.eqns[site.node]
             loc, _ = self.tree.location(graph, site.node)
             origins = [self.origin(graph, site.node, site.index, tok)
                        for tok in site.liveness.origins]
+            if passed_skip is not None and not any(
+                    self.within(tok.graph, graph) for tok in site.liveness.origins):
+                # its mask was to come from the caller, which could not build it
+                out.append(SiteInfo(
+                    kind="unguarded", op=_op_name(eqn), location=loc, scope=graph.scope,
+                    operand=site.index, origins=origins, primitive=eqn.primitive.name,
+                    category="skipped", node=site.node, level=_level_name(site.liveness.level),
+                    reason=f"guard on input {site.index} skipped: {passed_skip}",
+                    mask=_mask_text(origins, False)))
+                continue
             record = SiteInfo(
                 kind="guard", op=_op_name(eqn), location=loc, scope=graph.scope,
                 operand=site.index, statically_dead=site.statically_dead,
@@ -115,6 +134,9 @@ class _Explainer:
                 out.append(self.skipped_output(analysis, node, index[1], reason))
                 continue
             eqn = graph.eqns[node]
+            if index is None and _is_inline_call(eqn) and (node, 0) in analysis.subs \
+                    and plan_guards(analysis.subs[(node, 0)])[0]:
+                continue  # reported on the guard sites inside (jnp.sqrt's sqrt)
             loc, _ = self.tree.location(graph, node)
             lv = analysis.use(node, index) if index is not None else None
             origins = [self.origin(graph, node, index, tok)
@@ -138,6 +160,27 @@ class _Explainer:
                 category=self.category(analysis, u.node), node=u.node,
                 level=_level_name(u.liveness.level), mask=_mask_text(origins, False)))
         return out
+
+    def passed_masks_skipped(self, analysis):
+        """The reason, if the caller of this body could not build the masks of
+        the call's outputs (they needed an effectful value); else None."""
+        p = self.tree.parent(analysis.graph)
+        if p is None:
+            return None
+        for node, index, reason in p.analysis.notes.get("_skipped", ()):
+            if node == p.node and index is None:
+                return reason
+        return None
+
+    def within(self, graph, scope_graph) -> bool:
+        """Whether ``graph`` is ``scope_graph`` or nested inside it."""
+        graph = self.tree.canonical(graph)
+        while graph is not None:
+            if graph is scope_graph:
+                return True
+            p = self.tree.parent(graph)
+            graph = p.analysis.graph if p is not None else None
+        return False
 
     def output_sites(self, analysis, skipped_uses) -> List[SiteInfo]:
         """Forward-mode guards on operations' outputs, planned as the interpreter does."""
@@ -188,7 +231,8 @@ class _Explainer:
                     and not fa.value_liveness(v).is_dead]
             pred = self.render.atom(graph, eqn.invars[0])
             if len(eqn.invars) == 3 and len(live) == 1:
-                word = "false" if live == [1] else "true"
+                pred, negated = positive(pred)
+                word = "false" if (live == [1]) != negated else "true"
                 meaning = f"lanes where `{pred}` is {word} (the select takes a constant there)"
             else:
                 meaning = f"lanes where the select on `{pred}` takes a constant"
@@ -243,7 +287,8 @@ class _Explainer:
                 return f"lanes the select on `{pred}` does not take"
             case = operand - 1
             if is_bool and len(args) == 3:
-                return f"lanes where `{pred}` is {'false' if case == 1 else 'true'}"
+                pred, negated = positive(pred)
+                return f"lanes where `{pred}` is {'false' if (case == 1) != negated else 'true'}"
             return f"lanes where `{pred}` != {case}"
         if prim in ("max", "min") and len(args) == 2:
             if operand is None:
@@ -278,6 +323,29 @@ class _Explainer:
         if prim == "pad":
             return "lanes the pad drops" if operand != 1 else "lanes holding the padding value"
         return f"lanes `{prim}` drops"
+
+
+def positive(pred: str):
+    """(``p``, True) for a rendered ``~p`` / ``~(p)``: "lanes where `x > 0` is
+    false" reads better than "lanes where `~(x > 0)` is true"."""
+    negated = False
+    while pred.startswith("~"):
+        inner = pred[1:]
+        if inner.startswith("(") and inner.endswith(")") and _balanced(inner[1:-1]):
+            inner = inner[1:-1]
+        elif not inner or any(c in inner for c in " ()"):
+            break
+        pred, negated = inner, not negated
+    return pred, negated
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for c in text:
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _mask_text(origins: List[OriginInfo], statically_dead: bool) -> str:

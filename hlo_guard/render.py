@@ -22,8 +22,9 @@ INFIX = {
 }
 TRANSPARENT = {"convert_element_type", "broadcast_in_dim", "reshape", "squeeze",
                "copy", "reduce_precision", "pvary", "sharding_constraint", "reshard"}
-#: default depth of an expression: deeper sub-expressions become names
+#: default depth of an expression: deeper sub-expressions become ``…``
 DEPTH = 3
+ELLIPSIS = "…"
 MAX_CHARS = 80
 
 
@@ -46,16 +47,49 @@ class Renderer:
         self.tree = tree
         self.input_names = input_names  # top-level invar -> argument name
         self._local: Dict[int, Dict[object, str]] = {}
+        # bodies of inline calls read for rendering only (not in the tree)
+        self._bodies: Dict[tuple, object] = {}
+        self._callers: Dict[int, tuple] = {}
 
     def name(self, graph, var) -> str:
-        """A stable short name for a value with no better rendering."""
+        """Words for a value with no better rendering (never a jaxpr name):
+        the argument's name, a control-flow body's carry or slice, ``…`` for a
+        sub-expression too deep to show."""
         if var in self.input_names and graph is self.tree.root.graph:
             return self.input_names[var]
-        names = self._local.setdefault(id(graph), {})
-        if var not in names:
-            scope = graph.scope or "main"
-            names[var] = f"{scope}%{len(names)}"
-        return names[var]
+        if graph.producer(var) is not None:
+            return ELLIPSIS
+        jaxpr = graph.jaxpr
+        if var in jaxpr.constvars:
+            return "const"
+        if var in jaxpr.invars:
+            return self._body_input(graph, jaxpr.invars.index(var))
+        return ELLIPSIS
+
+    def _body_input(self, graph, i: int) -> str:
+        """Input ``i`` of a control-flow body, in the loop's terms."""
+        p = self.tree.parent(graph)
+        if p is None:
+            return f"argument {i}"
+        pgraph = p.analysis.graph
+        eqn = pgraph.eqns[p.node]
+        prim = eqn.primitive.name
+        if prim == "cond" and i + 1 < len(eqn.invars):
+            return self._atom(pgraph, eqn.invars[i + 1], 1)
+        if prim == "scan":
+            nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+            if i < nc:
+                return self._atom(pgraph, eqn.invars[i], 1)
+            if i < nc + nk:
+                return f"carry {i - nc}"
+            return f"{self._wrapped(pgraph, eqn.invars[i], 1)}[i]"
+        if prim == "while":
+            nb = eqn.params["body_nconsts"]
+            cc = eqn.params["cond_nconsts"]
+            if i < nb:
+                return self._atom(pgraph, eqn.invars[cc + i], 1)
+            return f"carry {i - nb}"
+        return f"input {i} of {prim}"
 
     def resolve(self, graph, atom):
         """(graph, atom) with call-body inputs replaced by the caller's atom, as
@@ -79,6 +113,9 @@ class Renderer:
             return format_literal(atom.val)
         prod = graph.producer(atom)
         if prod is not None:
+            eqn = graph.eqns[prod[0]]
+            if eqn.primitive.name in TRANSPARENT and eqn.invars:  # costs no depth
+                return self._atom(graph, eqn.invars[0], depth)
             if depth <= 0:
                 return self.name(graph, atom)
             return self.equation(graph, prod[0], depth, prod[1])
@@ -92,6 +129,9 @@ class Renderer:
             parent, args = mapping
             if atom in args:
                 return self._atom(parent.graph, args[atom], depth)
+        caller = self._callers.get(id(graph))
+        if caller is not None and atom in caller[1]:
+            return self._atom(caller[0], caller[1][atom], depth)
         return self.name(graph, atom)
 
     def equation(self, graph, node: int, depth: int = DEPTH, out_index: int = 0) -> str:
@@ -112,12 +152,40 @@ class Renderer:
             return f"{self._wrapped(graph, args[0], sub)} ** {eqn.params.get('y')}"
         if prim == "slice":
             return f"{self._wrapped(graph, args[0], sub)}{slice_text(eqn)}"
+        through = self._through_call(graph, node, depth, out_index)
+        if through is not None:
+            return through
         label = prim
         if "name" in eqn.params and isinstance(eqn.params["name"], str):
             label = eqn.params["name"].lstrip("_") or prim
         inner = ", ".join(self._atom(graph, a, sub) for a in args)
         suffix = f"[{out_index}]" if len(eqn.outvars) > 1 else ""
         return f"{label}({inner}){suffix}"
+
+    def _through_call(self, graph, node: int, depth: int, out_index: int):
+        """A call's output rendered by its body (``jnp.greater``'s inline jit is
+        ``x > 0.0``), when the body was analysed; None otherwise."""
+        eqn = graph.eqns[node]
+        if eqn.primitive.name not in ("jit", "pjit") or not eqn.params.get("inline"):
+            return None
+        a = self.tree.analysis_of(graph)
+        sub = a.subs.get((node, 0)) if a is not None else None
+        if sub is not None:
+            body_graph = sub.graph
+        else:  # not analysed (a comparison carries no derivative): a graph to read
+            key = (id(graph), node)
+            body_graph = self._bodies.get(key)
+            if body_graph is None:
+                from hlo_guard.jax_frontend.graph import JaxprGraph
+                body = eqn.params["jaxpr"]
+                body_graph = JaxprGraph(getattr(body, "jaxpr", body), graph.scope)
+                self._bodies[key] = body_graph
+                self._callers[id(body_graph)] = (
+                    graph, dict(zip(body_graph.jaxpr.invars, eqn.invars)))
+        outs = body_graph.jaxpr.outvars
+        if out_index >= len(outs):
+            return None
+        return self._atom(body_graph, outs[out_index], depth)
 
     def _wrapped(self, graph, atom, depth) -> str:
         text = self._atom(graph, atom, depth)

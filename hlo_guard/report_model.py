@@ -16,8 +16,9 @@ renders and serialises here, and JSON from either front end has the same keys:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from passes.report import OriginRecord, Report, SiteRecord
 
@@ -49,6 +50,21 @@ def _get(obj, name, default=""):
     return getattr(obj, name, default)
 
 
+_LOCATION = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::(?P<col>\d+))?")
+
+
+def _location_key(location: str) -> Tuple[Any, ...]:
+    """Sort key of ``file:line:col (fn)``: program order within a file."""
+    m = _LOCATION.match(location or "")
+    if not m:
+        return (location or "~", 0, 0)
+    return (m.group("file"), int(m.group("line")), int(m.group("col") or 0))
+
+
+def _origin_key(o: OriginRecord) -> Tuple[Any, ...]:
+    return (o.op, o.location, _get(o, "primitive"), _get(o, "scope"))
+
+
 def _origin_head(o: OriginRecord) -> str:
     prim = _get(o, "primitive")
     name = o.op if not prim or prim == o.op else f"{o.op} [{prim}]"
@@ -60,6 +76,12 @@ def _origin_head(o: OriginRecord) -> str:
 class ExplainReport(Report):
     signature: str = ""
     _dumps: Optional[Callable[..., Any]] = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        # guard sites in the order the text lists them (grouped by selection),
+        # so that ``GUARD #n`` is ``report.guards[n - 1]``
+        grouped = [s for _, sites in self.groups() for s in sites]
+        self.sites = grouped + [s for s in self.sites if s.kind != "guard"]
 
     # -- counts -------------------------------------------------------------------
     def counts(self) -> Dict[str, Any]:
@@ -79,31 +101,64 @@ class ExplainReport(Report):
         base["guards_by_scope"] = scopes
         return base
 
+    def groups(self) -> List[Tuple[List[OriginRecord], List[SiteRecord]]]:
+        """Guard sites grouped by the selecting operation(s) that make their
+        lanes dead, in program order: one ``where`` typically guards both its
+        branches' singular operations."""
+        by_key: Dict[Any, Tuple[List[OriginRecord], List[SiteRecord]]] = {}
+        for s in self.guards:
+            origins = sorted(s.origins, key=lambda o: (_location_key(o.location),
+                                                       _origin_key(o)))
+            key = tuple(_origin_key(o) for o in origins)
+            by_key.setdefault(key, (origins, []))[1].append(s)
+        groups = list(by_key.values())
+        for _, sites in groups:
+            sites.sort(key=lambda s: (_location_key(s.location),
+                                      _get(s, "mode", "reverse") == "forward"))
+        groups.sort(key=lambda g: (_location_key(g[0][0].location) if g[0] else (("~",),),
+                                   _location_key(g[1][0].location)))
+        return groups
+
     def to_dict(self) -> Dict[str, Any]:
         d = super().to_dict()
         d["signature"] = self.signature
+        index = {id(s): i for i, s in enumerate(self.sites)}
+        d["groups"] = [{"origins": [asdict(o) for o in origins],
+                        "sites": [index[id(s)] for s in sites]}
+                       for origins, sites in self.groups()]
         return d
 
     # -- text -----------------------------------------------------------------------
     def to_text(self) -> str:
         c = self.counts()
         head = f"hlo_guard explain: {self.function}({self.signature}) [{self.framework}]"
+        groups = self.groups()
         lines = [head,
-                 f"  {c['guards']} guard site(s): {c['partial']} partly dead, "
+                 f"  {c['guards']} guard site(s) behind {len(groups)} selecting "
+                 f"operation(s): {c['partial']} partly dead, "
                  f"{c['statically_dead']} dead in every lane; "
                  f"{c['unguarded']} unguarded site(s)"]
         if not self.sites:
             lines.append("  no lane of any operation is dead: nothing to guard")
-        for n, s in enumerate(self.guards, 1):
+        n = 0
+        for origins, sites in groups:
             lines.append("")
-            lines.extend(self._site_lines(n, s))
+            if len(origins) == 1:
+                lines.append(f"SELECTED BY {_origin_head(origins[0])}")
+            elif origins:
+                lines.append("SELECTED BY " + " and ".join(_origin_head(o) for o in origins))
+            else:
+                lines.append("SELECTED BY (unknown)")
+            for s in sites:
+                n += 1
+                lines.extend("  " + line for line in self._site_lines(n, s, grouped=True))
         for n, s in enumerate(self.unguarded, 1):
             lines.append("")
             lines.extend(self._site_lines(n, s))
         return "\n".join(lines)
 
     @staticmethod
-    def _site_lines(n: int, s: SiteRecord) -> List[str]:
+    def _site_lines(n: int, s: SiteRecord, grouped: bool = False) -> List[str]:
         scope = f" [in {s.scope}]" if s.scope else ""
         op = s.op or _get(s, "primitive")
         expr = _get(s, "operand_expr")
@@ -124,7 +179,12 @@ class ExplainReport(Report):
                      + (f" ({cat})" if cat else ""),
                      f"    reason: {s.reason}"]
         origins = list(s.origins)
-        if len(origins) == 1:
+        if grouped:  # the group's header names the selection
+            meanings = [o.meaning for o in origins if o.meaning]
+            mask = _get(s, "mask") or "; ".join(dict.fromkeys(meanings))
+            if mask and not s.statically_dead:
+                lines.append(f"    dead lanes: {mask}")
+        elif len(origins) == 1:
             mask = _get(s, "mask") or origins[0].meaning
             if mask:
                 lines.append(f"    dead lanes: {mask}")

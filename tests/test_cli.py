@@ -78,7 +78,8 @@ def test_explain_text_with_a_file_path_target(workdir):
     assert "hlo_guard explain: f(x: f32[5]) [jax]" in p.stdout
     # model.py line 9 is `return jnp.where(x > 0, jnp.sqrt(x), 0.0)` in f
     assert "GUARD #1: sqrt operand 0 (`x`) at model.py:9:" in p.stdout
-    assert "lanes where `x > 0.0` is false" in p.stdout
+    assert "lanes where `x > 0` is false" in p.stdout
+    assert "SELECTED BY where [select_n] at model.py:9:" in p.stdout  # sites grouped by it
 
 
 def test_explain_json_with_module_target_static_and_keyword_args(workdir):

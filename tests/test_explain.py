@@ -118,7 +118,8 @@ def test_where_sqrt_site_origin_and_meaning():
     assert o.inherited_location  # the select_n itself sits inside jnp.where's jit
     assert o.scope == "jit(_where)"
     # sqrt(x) is the *true* case: its dead lanes are where the predicate is false
-    assert o.meaning == "lanes where `x > 0.0` is false"
+    # in the user's words: `x > 0` as written (jnp.greater's inline jit looked through)
+    assert o.meaning == "lanes where `x > 0` is false"
     assert s.mask == o.meaning
     # columns differ: the guarded op is sqrt, the origin is the where call
     assert s.location != o.location
@@ -130,7 +131,8 @@ def test_maximum_guards_log_and_names_the_losing_side():
     assert ops == [("log", 0), ("max", 0)]
     for s in reverse(r):
         (o,) = s.origins
-        assert o.op == "max" and loc_line(o.location) == line_of("# L-maximum")
+        assert (o.op, o.primitive) == ("maximum", "max")
+        assert loc_line(o.location) == line_of("# L-maximum")
         assert "log(x) < -5.0" in o.meaning
 
 
@@ -193,7 +195,7 @@ def test_forward_mode_output_guard_on_a_call_whose_tangent_is_partly_zero():
     fwd = [s for s in r.guards if s.mode == "forward" and s.op == "jit(inner_where)"]
     assert len(fwd) == 1 and fwd[0].output == 0 and fwd[0].operand is None
     assert fwd[0].origins[0].op == "where"
-    assert "`x > 0.0` is false" in fwd[0].origins[0].meaning
+    assert "`x > 0.0` is false" in fwd[0].origins[0].meaning  # jnp inlined inside a jit
     assert r.counts()["forward_mode"] == len([s for s in r.guards if s.mode == "forward"])
     assert "[forward mode: its tangent]" in r.to_text()
 
@@ -204,7 +206,7 @@ def test_guarded_and_guarded_jit_inputs_and_static_arguments():
     assert a.to_dict() == b.to_dict() == explain(f_where, X).to_dict()
     r = explain(hlo_guard.guard(f_static_arg, static_argnums=1), X, 1)
     (s,) = reverse(r)
-    assert s.origins[0].meaning == "lanes where `x > 1.0` is false"
+    assert s.origins[0].meaning == "lanes where `x > 1` is false"
     assert "[static 1]=1" in r.signature
 
 
@@ -226,7 +228,7 @@ def test_cond_branches_are_guarded_inside_with_the_outer_where_as_origin():
     assert (s.op, s.scope) == ("sqrt", "cond[1]")  # branch 1: the predicate is true
     assert loc_line(s.location) == line_of("# L-cond")
     (o,) = s.origins
-    assert o.op == "where" and o.meaning == "lanes where `x > 0.0` is false"
+    assert o.op == "where" and o.meaning == "lanes where `x > 0` is false"
 
 
 def test_while_boundary_is_reported_unguarded():
@@ -271,7 +273,8 @@ def test_json_round_trip_and_text():
     assert text.startswith("hlo_guard explain: f_clip(x: f32[4]) [jax]")
     first = r.guards[0]
     assert loc_line(first.location) == line_of("# L-clip")
-    assert f"GUARD #1: div operand 1 (`x`) at {first.location}\n" in text
+    n = next(i for i, s in enumerate(r.guards, 1) if s.op == "div")
+    assert f"GUARD #{n}: div operand 1 (`x`) at {r.guards[n - 1].location}\n" in text
 
 
 def test_base_report_records_render_too():
@@ -322,3 +325,116 @@ def test_public_exports():
     assert hlo_guard.dump is mod("hlo_guard.dumps").dump
     assert hlo_guard.dump_lowered is mod("hlo_guard.dumps").dump_lowered
     assert "explain" in hlo_guard.__all__ and "compare" in hlo_guard.__all__
+
+
+# -- grouping by selection, constants, wording (issue 9, item 7) ---------------------------
+
+CONST = np.array([1.0, 2.0, 0.0, 4.0], np.float32)
+
+
+def f_two_branches(x):
+    return jnp.where(x > 1, jnp.sqrt(x - 1) + jnp.log(x), jnp.exp(x))  # L-two-br
+
+
+def f_constant_branches(x):
+    y = jnp.where(x > 1, jnp.log(CONST), jnp.sqrt(x))  # L-const
+    return y + jnp.clip(jnp.sqrt(x), 0.1, 2.0)
+
+
+def f_negated(x):
+    return jnp.where(~(x > 0), 0.0, jnp.sqrt(x))  # L-neg
+
+
+def f_deep_predicate(x):
+    p = jnp.logical_not(jnp.sin(jnp.cos(jnp.exp(x * 2 + 1) - 3) * 4) > 0.5)
+    return jnp.where(p, jnp.log(x), 0.0)  # L-deep
+
+
+def f_scan_body(x):
+    def body(c, xi):
+        return c + xi, jnp.where(xi > c, jnp.sqrt(xi - c), 0.0)  # L-scan
+    return lax.scan(body, 0.0, x)[1]
+
+
+def test_sites_are_grouped_by_the_selection_that_causes_them():
+    r = explain(f_two_branches, X)
+    groups = r.groups()
+    assert len(groups) == 1
+    (origins, sites), = groups
+    assert [o.op for o in origins] == ["where"]
+    assert loc_line(origins[0].location) == line_of("# L-two-br")
+    assert sorted(s.op for s in sites if s.mode == "reverse") == ["exp", "log", "sqrt"]
+    text = r.to_text()
+    header = f"SELECTED BY where [select_n] at {origins[0].location}"
+    assert text.count("SELECTED BY") == 1 and header in text
+    # the sites follow their header, numbered as report.guards
+    assert text.index(header) < text.index("GUARD #1:") < text.index("GUARD #2:")
+    for n, s in enumerate(r.guards, 1):
+        assert f"GUARD #{n}: {s.op}" in text
+    d = json.loads(r.to_json())
+    assert len(d["groups"]) == 1
+    assert sorted(d["groups"][0]["sites"]) == [i for i, s in enumerate(d["sites"])
+                                               if s["kind"] == "guard"]
+    assert d["groups"][0]["origins"][0]["op"] == "where"
+
+
+def test_two_wheres_make_two_groups():
+    f = lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0) + jnp.where(x < 3, jnp.log(x), 1.0)
+    r = explain(f, X)
+    assert [len(sites) for _, sites in r.groups()] == [1, 1]
+    assert r.to_text().count("SELECTED BY") == 2
+
+
+def _guard_operands(analysis, out):
+    """(graph, operand atom) of every planned guard, nested graphs included."""
+    from passes.planning import plan_guards
+    sites, _ = plan_guards(analysis)
+    out.extend((analysis.graph, analysis.graph.eqns[s.node].invars[s.index]) for s in sites)
+    for sub in analysis.subs.values():
+        _guard_operands(sub, out)
+    return out
+
+
+def test_constants_and_literals_are_neither_listed_nor_guarded():
+    """``log(CONST)`` (a closed-over array) and clip's literal bounds have no
+    derivative: no guard site, and no select on them in the guarded program."""
+    r = explain(f_constant_branches, X)
+    exprs = {s.operand_expr for s in r.guards}
+    assert "const" not in exprs and "0.1" not in exprs and "2.0" not in exprs
+    assert {(s.op, s.operand_expr) for s in r.guards if s.mode == "reverse"} >= {
+        ("sqrt", "x")}
+    assert not any(s.op == "log" for s in r.guards)
+    program, _ = hlo_guard.guard(f_constant_branches).traced(X)
+    for graph, atom in _guard_operands(program.analysis, []):
+        assert not graph.is_constant(atom), atom
+    # the guarded program uses the constant only in its log: no select on it
+    closed = jax.make_jaxpr(hlo_guard.guard(f_constant_branches))(X)
+    (cvar,) = [v for v, c in zip(closed.jaxpr.constvars, closed.consts)
+               if np.shape(c) == CONST.shape and np.array_equal(c, CONST)]
+    users = [e.primitive.name for e in closed.jaxpr.eqns if cvar in e.invars]
+    assert users == ["log"], users
+    # and the gradient is the per-lane oracle's (only the taken branch differentiated)
+    x = np.array([0.001, 2.0, 3.0, 5.0], np.float32)
+    want = [(0.0 if v > 1 else 0.5 / np.sqrt(v)) + (0.5 / np.sqrt(v) if 0.01 < v < 4 else 0.0)
+            for v in x.astype(np.float64)]
+    got = jax.grad(lambda x: jnp.sum(hlo_guard.guard(f_constant_branches)(x)))(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_dead_lane_text_has_no_jaxpr_names_and_no_double_negatives():
+    texts = []
+    for f in (f_negated, f_deep_predicate, f_scan_body, f_cond, f_while):
+        r = explain(f, X)
+        texts.append(r.to_text())
+        for s in r.sites:
+            for field in [s.mask, s.operand_expr] + [o.meaning for o in s.origins]:
+                assert "%" not in field and "main" not in field, (f.__name__, field)
+                if "` is " in field:
+                    assert "`~" not in field, (f.__name__, field)  # "~p is false": say "p is true"
+    (s,) = reverse(explain(f_negated, X))
+    assert s.op == "sqrt" and s.mask == "lanes where `x > 0` is false"
+    (s,) = reverse(explain(f_deep_predicate, X))
+    assert s.mask == "lanes where `sin(…) > 0.5` is true"
+    (s,) = reverse(explain(f_scan_body, X))
+    assert s.mask == "lanes where `x[i] > carry 0` is false"
+    assert s.operand_expr == "x[i] - carry 0"

@@ -16,7 +16,6 @@ import hlo_guard
 from fuzzlib.checks import check_program
 from fuzzlib.program import Binary, Clip, Const, Gather, Leaf, Reduce, SetAt, Slice, Unary, Where
 
-SUBNORMAL = float(np.nextafter(np.float32(0), np.float32(1)))
 
 
 def f32(*values):
@@ -31,29 +30,8 @@ def test_oracle_reduce_max_under_grad_uses_only_comparisons():
     check_program(root, f32(0, 0, 0, 0), f32(0, 0, 0, 0))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known limit, documented in README: eager guard(f) re-binds the equations of "
-    "jnp's inlined jits one by one, and a lone eager div flushes a subnormal that "
-    "XLA's simplifier would have removed (x / 1 -> x); guarded_jit is exact"))
-def test_eager_forward_is_bitwise_on_subnormals_through_inlined_jit():
-    """Core finding (eager mode only; a documented limit, kept as a strict xfail
-    so that it is noticed the day it passes).
-
-    ``jnp.mean`` (like every ``jnp`` ufunc) is an *inlined* jit: eager plain JAX
-    runs it as one XLA computation, whose simplifier turns ``x / 1`` into ``x``.
-    Eager ``guard(f)`` re-binds the inlined equations one by one, so the ``div``
-    really runs -- and XLA's CPU kernels flush the subnormal to zero.  Forward is
-    then not bitwise the unguarded program (contract clause 1).  ``guarded_jit``
-    is exact.  Fix idea: evaluate an eager call of a guarded function through one
-    ``jax.jit`` of the guarded evaluation (also much faster eagerly).
-    """
-    x = f32(SUBNORMAL)
-    for f in (lambda x: jnp.mean(x, keepdims=True), lambda x: x / 1.0):
-        plain = np.asarray(f(x))
-        assert np.asarray(hlo_guard.guarded_jit(f)(x)).tobytes() == \
-            np.asarray(jax.jit(f)(x)).tobytes()
-        got = np.asarray(hlo_guard.guard(f)(x))
-        assert got.tobytes() == plain.tobytes(), (got, plain)
+# The former strict xfail "eager forward is bitwise on subnormals through an
+# inlined jit" passes now and lives in tests/test_eager_bitwise.py.
 
 
 # -- custom derivative rules: the guard must not override them ----------------------------

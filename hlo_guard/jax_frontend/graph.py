@@ -57,12 +57,17 @@ class OriginToken:
 class JaxprGraph:
     """Adapter of one (open) jaxpr.  ``scope`` names the nesting for reports."""
 
-    def __init__(self, jaxpr, scope: str = ""):
+    def __init__(self, jaxpr, scope: str = "", constant_inputs=()):
+        """``constant_inputs``: invars/constvars known to hold constants (concrete
+        closed-over arrays, a caller's literals); with every value computed
+        from constants only, they carry no derivative and are never guarded."""
         self.jaxpr = jaxpr
         self.eqns = jaxpr.eqns
         self.scope = scope
         self._producers: Optional[Dict[Hashable, Tuple[int, int]]] = None
         self._origins: Dict[int, OriginToken] = {}
+        self._constant_inputs = frozenset(constant_inputs)
+        self._constants: Optional[frozenset] = None
 
     # -- passes.graph.Graph --------------------------------------------------
     def node_count(self) -> int:
@@ -84,7 +89,24 @@ class JaxprGraph:
         return list(self.jaxpr.invars) + list(self.jaxpr.constvars)
 
     def carries_derivative(self, value) -> bool:
-        return is_inexact_aval(value.aval)
+        return is_inexact_aval(value.aval) and value not in self.constants()
+
+    # -- constants -------------------------------------------------------------
+    def constants(self) -> frozenset:
+        """Values computed from literals and constant inputs only.  Their
+        derivative is zero whatever the program does, so a guard on them could
+        only cost time (and an explain line); JAX's AD never differentiates them."""
+        if self._constants is None:
+            const = set(self._constant_inputs)
+            if const or any(isinstance(v, Literal) for e in self.eqns for v in e.invars):
+                for eqn in self.eqns:
+                    if all(isinstance(v, Literal) or v in const for v in eqn.invars):
+                        const.update(v for v in eqn.outvars if not isinstance(v, DropVar))
+            self._constants = frozenset(const)
+        return self._constants
+
+    def is_constant(self, atom) -> bool:
+        return isinstance(atom, Literal) or atom in self.constants()
 
     def origin(self, node: int) -> OriginToken:
         tok = self._origins.get(node)

@@ -34,6 +34,7 @@ from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver
 from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
 
+from hlo_guard.jax_frontend.compat import primitive_jvp
 from hlo_guard.jax_frontend.graph import DropVar, Literal, is_inexact_aval
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
 from hlo_guard.jax_frontend.rules import RULES
@@ -426,6 +427,10 @@ def bind_with_broadcast_guards(eqn, invals, masks):
                 t = lax.select(masks[i], t, lax.full_like(t, 0))
             live_tans.append(t)
 
+        exact = _exact_jvp(prim, primals[:n], live, live_tans, params)
+        if exact is not None:
+            return exact
+
         def of_live(*xs):
             args = list(vals)
             for i, x in zip(live, xs):
@@ -436,6 +441,29 @@ def bind_with_broadcast_guards(eqn, invals, masks):
     op.defjvp(op_jvp, symbolic_zeros=True)
 
     return [op(*invals, *mask_args)]
+
+
+def _exact_jvp(prim, primals, live, live_tans, params):
+    """The op's own JVP rule at the *unbroadcast* primals, the guarded
+    tangents broadcast: the same kernels plain JAX runs (a rank-0 divisor stays
+    rank-0), so eager gradients stay bitwise equal to plain JAX's.  None if the
+    rule is unavailable or refuses the broadcast tangent."""
+    found = primitive_jvp(prim)
+    if found is None:
+        return None
+    rule, zero, zero_type = found
+    tangents = [zero(p) for p in primals]
+    for i, t in zip(live, live_tans):
+        tangents[i] = t
+    try:
+        out, t_out = rule(list(primals), tangents, **params)
+    except (TypeError, ValueError):
+        return None
+    if type(t_out) is zero_type:
+        t_out = lax.full_like(out, 0)
+    if tuple(np.shape(t_out)) != tuple(np.shape(out)):
+        return None
+    return out, t_out
 
 
 def lax_broadcast(x, shape):

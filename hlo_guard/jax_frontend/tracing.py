@@ -7,6 +7,7 @@ flag.  Eager calls with the same signature reuse the jaxpr and its analysis:
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -17,6 +18,7 @@ import numpy as np
 from passes.analysis import Analysis, analyze
 
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.jax_frontend.compat import attach_debug_info, keep_inline_jits_of_current_trace
 from hlo_guard.jax_frontend.graph import JaxprGraph
 from hlo_guard.jax_frontend.rules import RULES
 
@@ -121,20 +123,46 @@ def leaf_aval(x, path: str):
     if isinstance(x, (bool, int, float, complex)):
         return jax.typeof(x)
     raise GuardUsageError(
-        f"{path} is a {type(x).__name__}, not an array or a number; pass arrays, "
-        "or mark it static with static_argnums/static_argnames")
+        f"{path} is a {type(x).__name__}, not an array, a number or a pytree of them; "
+        "pass arrays, register its class as a pytree (jax.tree_util.register_dataclass) "
+        "so that its arrays are traced, or mark it static with static_argnums/"
+        "static_argnames (hashable; its contents are then baked into the trace)")
 
 
-def describe_path(path) -> str:
-    """'positional argument 1 ['w']' / 'keyword argument 'scale'' for a leaf of
-    the (dynamic args, dynamic kwargs) pytree."""
+def function_label(fn) -> str:
+    """``Model.energy``, ``f``: the user's name for ``fn`` in messages."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def positional_names(fn) -> Tuple[str, ...]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in params
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def describe_path(path, fn=None, dyn_positions: Sequence[int] = ()) -> str:
+    """"argument 'params' of f at ['w']" / "keyword argument 'scale' of f" for a
+    leaf of the (dynamic args, dynamic kwargs) pytree: the user's parameter
+    names where the signature gives them, positions otherwise."""
     keystr = jax.tree_util.keystr
+    of = f" of {function_label(fn)}" if fn is not None else ""
     if len(path) >= 2 and getattr(path[0], "idx", None) == 0:
         rest = keystr(tuple(path[2:]))
-        return f"positional argument {path[1].idx}" + (f" at {rest}" if rest else "")
+        k = path[1].idx
+        pos = dyn_positions[k] if k < len(dyn_positions) else k
+        names = positional_names(fn) if fn is not None else ()
+        head = (f"argument {names[pos]!r}" if pos < len(names)
+                else f"positional argument {pos}")
+        return head + of + (f" at {rest}" if rest else "")
     if len(path) >= 2:
         rest = keystr(tuple(path[2:]))
-        return f"keyword argument {keystr((path[1],))[1:-1]}" + (f" at {rest}" if rest else "")
+        return (f"keyword argument {keystr((path[1],))[1:-1]}" + of
+                + (f" at {rest}" if rest else ""))
     return keystr(path)
 
 
@@ -142,39 +170,31 @@ def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     dyn, static = split_arguments(args, kwargs, static_argnums, static_argnames)
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(dyn)
     leaves = [leaf for _, leaf in leaves_with_paths]
-    avals = tuple(leaf_aval(leaf, describe_path(path)) for path, leaf in leaves_with_paths)
+    dyn_positions = [i for i in range(len(args)) if i not in static_argnums]
+    avals = tuple(leaf_aval(leaf, describe_path(path, fn, dyn_positions))
+                  for path, leaf in leaves_with_paths)
     key = (treedef, tuple((a.shape, a.dtype, getattr(a, "weak_type", False),
-                           str(getattr(a, "sharding", "")), str(manual_axes_of(a)))
-                          for a in avals),
+                           str(getattr(a, "sharding", "")),
+                           str(getattr(a, "manual_axis_type", ""))) for a in avals),
            static, bool(jax.config.jax_enable_x64))
     return key, leaves, avals, treedef, static
-
-
-def manual_axes_of(aval):
-    """The value's varying/unreduced/reduced manual axes inside ``shard_map``
-    (None outside): part of its type when ``check_vma`` is on."""
-    mat = getattr(aval, "manual_axis_type", None)
-    return None if mat is None or getattr(mat, "empty", True) else mat
 
 
 def spec_of(aval):
     """A ShapeDtypeStruct keeping what tracing depends on: the weak type
     (Python scalars promote differently), under explicit-axis meshes the
-    sharding that is part of the type, and inside ``shard_map`` the manual
-    axes the value varies over -- traced without them, ``x > 0`` records no
-    ``pvary`` of the literal and re-binding it on a varying ``x`` fails."""
+    sharding that is part of the type, and inside a ``shard_map`` body the
+    varying manual axes (without them the trace has no ``pvary`` on literals and
+    re-binding fails with 'requires varying manual axes to match')."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None and not getattr(mat, "empty", True):
+        return aval  # make_jaxpr takes the ShapedArray, varying axes included
     sharding = getattr(aval, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    manual = manual_axes_of(aval)
-    if manual is None and (mesh is None or getattr(mesh, "empty", True)
-                           or not getattr(sharding, "spec", None)
-                           or all(p is None for p in sharding.spec)):
+    if mesh is None or getattr(mesh, "empty", True) or not getattr(sharding, "spec", None) \
+            or all(p is None for p in sharding.spec):
         sharding = None
     try:
-        if manual is not None:
-            return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
-                                        weak_type=getattr(aval, "weak_type", False),
-                                        sharding=sharding, manual_axis_type=manual)
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
                                     weak_type=getattr(aval, "weak_type", False),
                                     sharding=sharding)
@@ -183,18 +203,34 @@ def spec_of(aval):
                                     weak_type=getattr(aval, "weak_type", False))
 
 
-def trace(fn, avals, treedef, static, n_args) -> TracedProgram:
+def trace(fn, avals, treedef, static, n_args, static_argnums=(), static_argnames=()) \
+        -> TracedProgram:
+    """``fn``'s jaxpr at these argument types, and its analysis.
+
+    ``jit(inline=True)`` calls made directly by ``fn`` (``jnp.mean``, every
+    ``jnp`` ufunc) stay calls in the jaxpr: eager JAX runs each as one compiled
+    computation, and so must eager ``guard(fn)`` to give the same bits.  JAX's
+    tracing errors name ``fn`` and its arguments, not this flat wrapper."""
     out_tree_box = []
 
     def flat_fn(*leaves):
         dyn = jax.tree_util.tree_unflatten(treedef, leaves)
         args, kwargs = merge_arguments(dyn, static, n_args)
-        out = fn(*args, **kwargs)
+        with keep_inline_jits_of_current_trace():
+            out = fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_box.append(out_tree)
         return out_leaves
 
     specs = [spec_of(a) for a in avals]
+    example_args, example_kwargs = merge_arguments(
+        jax.tree_util.tree_unflatten(treedef, specs), static, n_args)
+    attach_debug_info(flat_fn, fn, example_args, example_kwargs,
+                      tuple(static_argnums), tuple(static_argnames))
     closed = jax.make_jaxpr(flat_fn)(*specs)
-    analysis = analyze(JaxprGraph(closed.jaxpr), RULES)
+    # Closed-over arrays are constants (no derivative, never guarded) -- unless
+    # they are tracers of an enclosing transformation, which do carry one.
+    constant = [v for v, c in zip(closed.jaxpr.constvars, closed.consts)
+                if not isinstance(c, jax.core.Tracer)]
+    analysis = analyze(JaxprGraph(closed.jaxpr, constant_inputs=constant), RULES)
     return TracedProgram(closed, analysis, treedef, out_tree_box[-1])

@@ -17,6 +17,8 @@ from typing import List, Tuple
 import tensorflow as tf
 from tensorflow.python.framework import function_def_to_graph
 
+from passes.lattice import LIVE, dead_by
+
 BODY_ATTRS = {
     "If": ("then_branch", "else_branch"),
     "StatelessIf": ("then_branch", "else_branch"),
@@ -29,8 +31,30 @@ _FIRST_BODY_INPUT = {"If": 1, "StatelessIf": 1, "While": 0, "StatelessWhile": 0,
                      "Case": 1, "StatelessCase": 1}
 
 
+#: branches run once and return their outputs: an output the caller never
+#: uses is dead in the branch too (a loop body's outputs feed the next
+#: iteration, so While bodies keep every output live)
+BRANCHING = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
+
+
+def _branch_out_liveness(graph, analysis, op):
+    """Liveness of a branch's outputs: live where the op's output is used,
+    dead (blamed on the op) where not, so that what a branch computes only for
+    an unused output is cut from the derivative (TF feeds it zeros)."""
+    if analysis is None or op.type not in BRANCHING:
+        return None
+    node = graph.index[op.name]
+    out = []
+    for v in graph.node_outputs(node):
+        lv = analysis.value_liveness(v)
+        out.append(LIVE if lv.reaches_output else dead_by(op.name))
+    if all(lv is not LIVE for lv in out):
+        return None  # never differentiated: nothing to cut
+    return out
+
+
 def guard_bodies(graph, library, body_locations=None,
-                 depth: int = 0) -> List[Tuple[str, str, object]]:
+                 depth: int = 0, analysis=None) -> List[Tuple[str, str, object]]:
     """Rewrite the bodies of every control-flow op of ``graph`` (a TFGraph).
 
     Returns ``[(op name, attr, BuildRecord of the guarded body)]`` for bodies
@@ -53,13 +77,17 @@ def guard_bodies(graph, library, body_locations=None,
                 if fdef is None:
                     continue
                 new_name, record = guard_function(fdef, inputs, library,
-                                                  body_locations or {}, depth)
+                                                  body_locations or {}, depth,
+                                                  _branch_out_liveness(graph, analysis, op))
+                label = attr if len(funcs) == 1 and not isinstance(value, (list, tuple)) \
+                    else f"{attr}[{k}]"
                 if new_name is None:
+                    # unchanged, but its unguarded sites still belong in the report
+                    if _has_unguarded(record):
+                        results.append((op.name, label, record))
                     continue
                 names[k] = new_name
                 changed = True
-                label = attr if len(funcs) == 1 and not isinstance(value, (list, tuple)) \
-                    else f"{attr}[{k}]"
                 results.append((op.name, label, record))
             if not changed:
                 continue
@@ -70,7 +98,18 @@ def guard_bodies(graph, library, body_locations=None,
     return results
 
 
-def guard_function(fdef, inputs, library, body_locations, depth):
+def _has_unguarded(record) -> bool:
+    return bool(record.unguarded or record.skipped) or any(
+        _has_unguarded(sub) for _, _, sub in record.nested)
+
+
+def _changed(record) -> bool:
+    """Whether a body got a guard, itself or in a body nested in it."""
+    return bool(record.applied or record.output_guards) or any(
+        _changed(sub) for _, _, sub in record.nested)
+
+
+def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=None):
     """(name of a guarded copy of ``fdef`` added to the current graph, record),
     or (None, record) when the body needs no guard."""
     from hlo_guard.tf.rewrite import build_body  # circular: rewrite calls guard_bodies
@@ -86,14 +125,15 @@ def guard_function(fdef, inputs, library, body_locations, depth):
 
     def body(*args):
         outputs, record = build_body(body_def, in_names, out_names, args, library,
-                                     body_locations, fdef.signature.name, depth + 1)
+                                     body_locations, fdef.signature.name, depth + 1,
+                                     out_liveness)
         holder["record"] = record
         return outputs
 
     body.__name__ = fdef.signature.name + "_hlo_guard"
     concrete = tf.function(body, input_signature=specs, autograph=False).get_concrete_function()
     record = holder["record"]
-    if not record.applied and not record.nested:
+    if not _changed(record):
         return None, record
     graph = tf.compat.v1.get_default_graph()
     concrete.add_to_graph(graph)

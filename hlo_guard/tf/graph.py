@@ -20,6 +20,15 @@ def is_inexact(dtype) -> bool:
     return bool(dtype.is_floating or dtype.is_complex)
 
 
+def carries_derivative(dtype) -> bool:
+    """Floating/complex tensors, and ``variant`` ones: a TensorList (what
+    ``tf.TensorArray``, ``tf.map_fn`` and autograph loops accumulate into) holds
+    floats whose gradient TF propagates through the handle.  Without this the
+    loop body's ``TensorListSetItem`` output would look derivative-free and the
+    whole body would be skipped -- a silent miss."""
+    return is_inexact(dtype) or tf.as_dtype(dtype) == tf.variant
+
+
 def topological_order(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
     """Kahn's algorithm over data and control edges inside ``ops``.
 
@@ -73,7 +82,7 @@ class TFGraph:
                 self._producer[t.name] = (n, j)
         for t in outputs:
             self.tensors.setdefault(t.name, t)
-        self._inexact = {name: is_inexact(t.dtype) for name, t in self.tensors.items()}
+        self._inexact = {name: carries_derivative(t.dtype) for name, t in self.tensors.items()}
         self.locations = locations or {}
         self.strip_prefix = strip_prefix
 

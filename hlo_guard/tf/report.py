@@ -82,6 +82,15 @@ def _collect(record: BuildRecord, scope: str, sites: list) -> None:
         sites.append(SiteRecord("guard", op, loc, scope=scope, operand=s.index,
                                 statically_dead=applied.form == "stop_gradient",
                                 origins=_origins(graph, s.liveness)))
+    for applied in record.output_guards:
+        s = applied.site
+        op, loc, _ = _describe(graph, graph.ops[s.node].name)
+        sites.append(SiteRecord("guard", op, loc, scope=scope, operand=None,
+                                statically_dead=applied.form == "stop_gradient",
+                                origins=_origins(graph, s.liveness),
+                                reason=f"output {s.index} guarded for forward mode: its "
+                                       "tangent is selected where the inputs' is "
+                                       "structurally zero"))
     for site, reason in record.skipped:
         op, loc, _ = _describe(graph, graph.ops[site.node].name)
         sites.append(SiteRecord("unguarded", op, loc, scope=scope, operand=site.index,

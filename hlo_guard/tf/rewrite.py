@@ -63,6 +63,8 @@ class BuildRecord:
     fallback: str = ""
     #: guarded control-flow bodies: (op name, attr, BuildRecord)
     nested: List[Tuple[str, str, "BuildRecord"]] = field(default_factory=list)
+    #: forward-mode guards on operation outputs (:mod:`hlo_guard.tf.output_guards`)
+    output_guards: List[AppliedGuard] = field(default_factory=list)
 
 
 def import_traced(traced: TracedFunction, flat_args: Sequence[tf.Tensor],
@@ -98,8 +100,13 @@ def _import(graph_def, input_map, output_names, scope):
                 node.attr["_class"].list.s.extend(keep)
             else:
                 del node.attr["_class"]
+    # an argument the graph never reads (a loss ignoring ``y_true``, a loop
+    # counter autograph folded away) has no consumer left once its placeholder
+    # is removed, and ``import_graph_def`` rejects a mapping it cannot place
+    read = _tensors_read(trimmed)
+    used_map = {k: v for k, v in input_map.items() if _canonical(k) in read}
     node_names = [n.name for n in trimmed.node]
-    ops = tf.graph_util.import_graph_def(trimmed, input_map=input_map,
+    ops = tf.graph_util.import_graph_def(trimmed, input_map=used_map,
                                          return_elements=node_names, name=scope)
     graph = tf.compat.v1.get_default_graph()
     prefix = ops[0].name[:len(ops[0].name) - len(node_names[0])] if ops else \
@@ -109,22 +116,38 @@ def _import(graph_def, input_map, output_names, scope):
     return list(ops), outputs, prefix
 
 
+def _canonical(tensor_name: str) -> str:
+    """``"x"`` and ``"x:0"`` name the same tensor."""
+    return tensor_name if ":" in tensor_name else tensor_name + ":0"
+
+
+def _tensors_read(graph_def) -> Set[str]:
+    """Every tensor some node of ``graph_def`` (top level) reads as a data input."""
+    return {_canonical(i) for n in graph_def.node for i in n.input if not i.startswith("^")}
+
+
 class Builder:
     """Masks and guards for one imported graph (the ``mctx`` rules read)."""
 
-    def __init__(self, graph: TFGraph, analysis: Analysis):
+    def __init__(self, graph: TFGraph, analysis: Analysis, rewired_outputs: Set[int] = frozenset()):
+        """``rewired_outputs``: nodes whose outputs output guards will move
+        the consumers off (their descendants are recomputed for masks, too)."""
         self.graph = graph
         self.analysis = analysis
         sites, unguarded = plan_guards(analysis)
         self.sites: List[GuardSite] = sites
         self.record = BuildRecord(graph, analysis, unguarded=list(unguarded))
         self.original_inputs = [list(op.inputs) for op in graph.ops]
-        self.downstream = self._descendants({s.node for s in sites if not s.statically_dead})
+        self.downstream = self._descendants(
+            {s.node for s in sites if not s.statically_dead} | set(rewired_outputs))
         self._values: Dict[str, tf.Tensor] = {}
+        #: the StopGradient reads of imported tensors that masks are built from
+        self.value_readers: Set[str] = set()
         #: outputs of operations swapped for a guarded copy (old name -> new tensor)
         self.replaced: Dict[str, tf.Tensor] = {}
-        n_out = len(graph.graph_outputs())
-        self.resolver = MaskResolver(analysis, ALGEBRA, [ALL] * n_out, self._input_masks)
+        out_masks = [ALL if lv.reaches_output and not lv.is_dead else NONE
+                     for lv in analysis.out_liveness]
+        self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
 
     # -- values --------------------------------------------------------------------
     def _descendants(self, roots: Set[int]) -> Set[int]:
@@ -161,8 +184,12 @@ class Builder:
                 tensor = self.graph.tensors.get(cur)
                 if tensor is None:
                     tensor = tf.compat.v1.get_default_graph().get_tensor_by_name(cur)
-                self._values[cur] = tf.stop_gradient(tensor) if is_inexact(tensor.dtype) \
-                    else tensor
+                if is_inexact(tensor.dtype):
+                    read = tf.stop_gradient(tensor)
+                    self.value_readers.add(read.op.name)
+                else:
+                    read = tensor
+                self._values[cur] = read
                 stack.pop()
                 continue
             node, _ = prod
@@ -270,14 +297,18 @@ def _same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
     return a.shape.is_fully_defined() and b.shape.is_fully_defined() and a.shape == b.shape
 
 
-def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth):
+def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth,
+                 out_liveness=None):
+    from hlo_guard.tf import output_guards
     graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
-    analysis = analyze(graph, RULES)
-    builder = Builder(graph, analysis)
+    analysis = analyze(graph, RULES, out_liveness)
+    forward, out_sites = output_guards.plan(graph, analysis)
+    builder = Builder(graph, analysis, output_guards.output_nodes(out_sites))
     record = builder.apply()
     outputs = [builder.replaced.get(t.name, t) for t in outputs]
+    outputs = output_guards.apply(builder, forward, out_sites, outputs)
     from hlo_guard.tf.control import guard_bodies
-    record.nested = guard_bodies(graph, library, body_locations, depth)
+    record.nested = guard_bodies(graph, library, body_locations, depth, analysis)
     return outputs, record
 
 
@@ -288,9 +319,11 @@ def build_guarded(traced: TracedFunction, flat_args: Sequence[tf.Tensor]):
                         traced.body_locations, prefix, 0)
 
 
-def build_body(graph_def, in_names, out_names, args, library, body_locations, name, depth):
-    """The same for a control-flow body (its outputs fully live)."""
+def build_body(graph_def, in_names, out_names, args, library, body_locations, name, depth,
+               out_liveness=None):
+    """The same for a control-flow body (its outputs fully live unless
+    ``out_liveness`` says which are unused)."""
     ops, outputs, prefix = _import(graph_def, dict(zip(in_names, args)), out_names,
                                    "hlo_guard_body")
     return _guard_graph(ops, outputs, library, body_locations.get(name, {}), body_locations,
-                        prefix, depth)
+                        prefix, depth, out_liveness)

@@ -22,6 +22,8 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, rewriter_config
 from tensorflow.python.framework import convert_to_constants
 from tensorflow.python.grappler import tf_optimizer
 
+from hlo_guard.tf.inner_gradients import check_no_inner_gradient
+
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
 def _library_dirs():
@@ -96,6 +98,9 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
     control = [op.name for op in graph.control_outputs]
     fetch = [t.name for t in graph.inputs] + outputs + control
     graph_def = inline_calls(concrete, fetch)
+    python_fn = getattr(tf_fn, "python_function", tf_fn)
+    check_no_inner_gradient(concrete, graph_def, outputs + control,
+                            getattr(python_fn, "__qualname__", repr(python_fn)))
     body_locations: Dict[str, Dict[str, str]] = {}
     locations = _locations(graph, body_locations)
     return TracedFunction(concrete, graph_def, [t.name for t in arg_tensors], captures,

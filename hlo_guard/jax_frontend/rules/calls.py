@@ -15,6 +15,8 @@
 """
 from __future__ import annotations
 
+import weakref
+
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import NONE
 
@@ -24,16 +26,17 @@ from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_str
 
 _STRUCTURE_NOTE = "_custom_call_structure"
 
-_RISKY_CACHE = {}
+#: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
+#: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
+_RISKY_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def body_is_risky(jaxpr) -> bool:
     """Whether a body holds an operation whose derivative may be non-finite
     (or one we know nothing about): only then are a call's outputs guarded."""
-    key = id(jaxpr)
-    hit = _RISKY_CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _RISKY_CACHE.get(jaxpr)
+    if hit is not None:
+        return hit
     from hlo_guard.jax_frontend.rules import RULES
     risky = False
     for eqn in jaxpr.eqns:
@@ -47,8 +50,15 @@ def body_is_risky(jaxpr) -> bool:
             risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
         if risky:
             break
-    _RISKY_CACHE[key] = (jaxpr, risky)
+    _RISKY_CACHE[jaxpr] = risky
     return risky
+
+
+def constant_body_inputs(graph, args, body):
+    """The inputs of ``body`` that hold constants: its own closed-over consts and
+    the parameters the caller passes a constant (literal ``0.1`` into ``clip``)."""
+    return list(body.constvars) + [v for v, a in zip(body.invars, args)
+                                   if graph.is_constant(a)]
 
 
 def open_jaxpr(obj):
@@ -75,6 +85,8 @@ def body_of(eqn):
 
 
 def scope_name(parent_scope: str, eqn) -> str:
+    if eqn.primitive.name in ("jit", "pjit") and eqn.params.get("inline"):
+        return parent_scope  # jnp's inline wrappers (jit(sqrt)): not a scope to users
     name = eqn.params.get("name")
     label = f"{eqn.primitive.name}({name})" if name else eqn.primitive.name
     return f"{parent_scope}/{label}" if parent_scope else label
@@ -89,7 +101,8 @@ class Call(JaxRule):
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn))
+        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn),
+                           constant_body_inputs(analysis.graph, eqn.invars, body))
         sub = analysis.analyze_sub(node, 0, graph, outs)
         return [sub.value_liveness(v) for v in body.invars]
 
@@ -103,7 +116,8 @@ class Call(JaxRule):
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn))
+        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn),
+                           constant_body_inputs(fa.graph, eqn.invars, body))
         sub = fa.analyze_sub(node, 0, graph, list(ins) + [LIVE] * len(body.constvars))
         return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE
                 for v in body.outvars]
@@ -140,7 +154,9 @@ class ControlFlow(JaxRule):
         name = eqn.primitive.name
         noted = False
         for k, (body, _) in enumerate(control_bodies(eqn)):
-            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]")
+            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]",
+                               constant_body_inputs(analysis.graph, eqn.invars[1:], body)
+                               if name == "cond" else body.constvars)
             if name == "cond":
                 body_outs = list(outs)
             elif name == "scan":
@@ -198,9 +214,18 @@ class CustomCall(JaxRule):
     output lane ``i`` is.  Anything else is fully live (conservative).  Guarding
     the inputs with those masks absorbs whatever the rule computes in dead
     lanes -- the dead ``xlogy`` under a ``where``.
+
+    A call that is not lane-wise but whose body only moves, broadcasts,
+    reduces and computes elementwise (a custom-jvp norm ``sqrt(sum(v*v, -1))``)
+    has no selection a rule could disagree with: its reduce/broadcast structure
+    is exactly which input lanes feed which output lanes, so its masks come
+    from the body's liveness, as for a plain call (the body is still never
+    rewritten; only the call's inputs are guarded).
     """
     kind = "custom-call"
     guards = True
+
+    _structure = Call(guards=True)
 
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
@@ -211,11 +236,15 @@ class CustomCall(JaxRule):
             return [LIVE] * len(eqn.invars)
         if is_lanewise_call(eqn):
             return [out.without_partition()] * len(eqn.invars)
+        if is_selection_free_call(eqn):
+            lvs = self._structure.transfer(analysis, node, outs)
+            mark_mask_only(analysis.subs[(node, 0)])
+            return lvs
         body, _ = body_of(eqn)
         if not body_structure_known(body):
             return [LIVE] * len(eqn.invars)
-        # not lane-wise (a norm, a softmax): the primal body's reduce/broadcast
-        # structure, with its selections read as joins, says which lanes feed
+        # a body that also selects (optax's weighted_logsoftmax): its
+        # reduce/broadcast structure, with the selections read as joins
         sub = analyze_body(body, scope_name(analysis.graph.scope, eqn), outs)
         analysis.notes[(_STRUCTURE_NOTE, node)] = sub
         return [sub.value_liveness(v).without_partition() for v in body.invars]
@@ -224,6 +253,8 @@ class CustomCall(JaxRule):
         from passes.masks import ALL
         from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
         if not is_lanewise_call(eqn):
+            if is_selection_free_call(eqn) and (node, 0) in mctx.analysis.subs:
+                return self._structure.input_masks(mctx, node, eqn, out_masks)
             sub = mctx.analysis.notes.get((_STRUCTURE_NOTE, node))
             if sub is None:
                 return [ALL] * len(eqn.invars)
@@ -241,6 +272,8 @@ class CustomCall(JaxRule):
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
         if not is_lanewise_call(eqn):
+            if is_selection_free_call(eqn):
+                return self._structure.forward(fa, node, ins)
             return [LIVE] * len(eqn.outvars)
         joined_in = join_all(ins)
         if joined_in.reaches_output and _rule_may_zero_lanes(eqn):
@@ -255,6 +288,8 @@ class CustomCall(JaxRule):
         from passes.masks import ALL
         from hlo_guard.jax_frontend.mask_ops import broadcast_to
         if not is_lanewise_call(eqn):
+            if is_selection_free_call(eqn):
+                return self._structure.forward_masks(mctx, node, eqn, in_masks)
             return [ALL] * len(eqn.outvars)
         shape = tuple(eqn.outvars[0].aval.shape)
         m = or_all(broadcast_to(x, shape) for x in in_masks)
@@ -313,9 +348,55 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     return [NONE if m is None else normalize(m) for m in found]
 
 
+#: ``Analysis.notes`` key of a body analysed only to compute masks (a custom
+#: call's primal body, never rewritten): its guard sites are not applied, so
+#: reports must not list them.
+MASK_ONLY = "_mask_only"
+
+
+def mark_mask_only(analysis) -> None:
+    stack = [analysis]
+    while stack:
+        a = stack.pop()
+        a.notes[MASK_ONLY] = True
+        stack.extend(a.subs.values())
+
+
+_STRUCTURE_KINDS = ("elementwise", "zero-derivative", "structural", "pass-through", "linear")
+_SELECTION_FREE_CACHE = {}
+
+
+def is_selection_free_call(eqn) -> bool:
+    """The custom call's primal body (and the plain calls inside it) holds only
+    elementwise, structural and pass-through operations: no selection, no
+    control flow, nothing unruled -- its liveness is pure data flow."""
+    return _selection_free(body_of(eqn)[0])
+
+
+def _selection_free(jaxpr) -> bool:
+    key = id(jaxpr)
+    hit = _SELECTION_FREE_CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    from hlo_guard.jax_frontend.rules import RULES
+    ok = True
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        if name in REWRITTEN_CALLS:
+            ok = _selection_free(body_of(e)[0])
+        else:
+            rule = RULES.get(name)
+            ok = rule is not None and rule.kind in _STRUCTURE_KINDS \
+                and not getattr(rule, "value_dependent", False)
+        if not ok:
+            break
+    _SELECTION_FREE_CACHE[key] = (jaxpr, ok)
+    return ok
+
+
 _LANEWISE_KINDS = ("elementwise", "zero-derivative")
 _LANEWISE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim"}
-_LANEWISE_CACHE = {}
+_LANEWISE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> {shape: bool}
 
 
 def is_lanewise_call(eqn) -> bool:
@@ -334,10 +415,10 @@ def is_lanewise_call(eqn) -> bool:
 
 
 def _body_lanewise(jaxpr, shape) -> bool:
-    key = (id(jaxpr), shape)
-    hit = _LANEWISE_CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    per_shape = _LANEWISE_CACHE.setdefault(jaxpr, {})
+    hit = per_shape.get(shape)
+    if hit is not None:
+        return hit
     from hlo_guard.jax_frontend.rules import RULES
     ok = True
     for e in jaxpr.eqns:
@@ -357,11 +438,12 @@ def _body_lanewise(jaxpr, shape) -> bool:
                 ok = rule is not None and rule.kind in _LANEWISE_KINDS
         if not ok:
             break
-    _LANEWISE_CACHE[key] = (jaxpr, ok)
+    per_shape[shape] = ok
     return ok
 
 
 def register(table):
-    table.register(sorted(REWRITTEN_CALLS), Call(guards=False))
+    table.register(["jit", "closed_call", "remat2"],
+                   Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
     table.register(["cond", "while", "scan", "shard_map"], ControlFlow())

@@ -49,10 +49,10 @@ CONSERVATIVE_ON_PURPOSE: Dict[str, str] = {
         "random_gamma", "call", "buffer_callback", "eval_jaxpr", "stage",
         "call_hi_primitive")},
     **{name: _NO_FLOAT for name in (
-        "debug_print", "inspect_sharding", "mulhi", "create_token", "after_all",
+        "debug_print", "inspect_sharding", "axis_index", "mulhi", "create_token", "after_all",
         "platform_index", "shape_assertion", "dim_as_value", "dimension_size", "check",
         "random_clone", "iota_2x32_shape", "threefry4x32", "philox2x32", "philox4x32",
-        "zeros_like", "empty", "empty2", "dce_sink", "tie", "xla_metadata_value",
+        "empty", "empty2", "dce_sink", "tie", "xla_metadata_value",
         "to_edtype", "from_edtype", "unreachable")},
     **{name: _STATE for name in (
         "get", "swap", "addupdate", "run_state", "new_ref", "empty_ref", "free_ref",

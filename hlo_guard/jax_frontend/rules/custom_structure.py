@@ -18,6 +18,8 @@ before (conservative, reported by the caller's rule).
 """
 from __future__ import annotations
 
+import weakref
+
 from passes.analysis import analyze
 from passes.rules import RuleTable
 
@@ -30,7 +32,7 @@ STRUCTURE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim", "resha
                    "reduce_prod", "dot_general"}
 _FOLLOWED_KINDS = ("elementwise", "zero-derivative", "identity")
 _TABLE = []
-_CACHE = {}
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> bool
 
 
 def structure_rules() -> RuleTable:
@@ -51,9 +53,9 @@ def structure_rules() -> RuleTable:
 def body_structure_known(jaxpr) -> bool:
     """Whether every operation of ``jaxpr`` (recursively) is one whose lane
     structure :func:`structure_rules` follows exactly."""
-    hit = _CACHE.get(id(jaxpr))
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _CACHE.get(jaxpr)
+    if hit is not None:
+        return hit
     from hlo_guard.jax_frontend.rules import RULES
     from hlo_guard.jax_frontend.rules.calls import CALL_BODY_PARAM, body_of
     ok = True
@@ -68,7 +70,7 @@ def body_structure_known(jaxpr) -> bool:
             ok = rule is not None and rule.kind in _FOLLOWED_KINDS
         if not ok:
             break
-    _CACHE[id(jaxpr)] = (jaxpr, ok)
+    _CACHE[jaxpr] = ok
     return ok
 
 

@@ -112,7 +112,7 @@ ZERO_DERIVATIVE = [
     "iota", "reduce_and", "reduce_or", "reduce_xor", "random_bits",
     "random_seed", "random_wrap", "random_unwrap", "random_fold_in",
     "random_split", "threefry2x32", "rng_bit_generator", "rng_uniform",
-    "bitcast_convert_type", "lu_pivots_to_permutation", "axis_index",
+    "bitcast_convert_type", "lu_pivots_to_permutation", "zeros_like",
 ]
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, List, Sequence
 
-from passes.lattice import NO_DERIVATIVE, Liveness, dropped_by, join_all, partial_by
-from passes.masks import NONE, or_masks
+from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, dropped_by, join_all,
+                            merge_origins, partial_by)
+from passes.masks import ALL, NONE, or_masks
 from passes.masks import or_all as passes_or_all
 from passes.rules import Rule
 
@@ -34,6 +35,20 @@ class TFRule(Rule):
     def input_masks(self, mctx, node: int, op, out_masks: List[Any]) -> List[Any]:
         raise NotImplementedError(type(self).__name__)
 
+    # -- forward (tangent) half: see passes.rules --------------------------------
+    def guards_output(self, analysis, node, index) -> bool:
+        """Guard the output when its input tangents are partly structurally
+        zero?  Only operations that may multiply such a zero by inf (the
+        nonlinear elementwise ones) say yes."""
+        return False
+
+    def forward(self, fa, node, ins: Sequence[Liveness]) -> List[Liveness]:
+        """Tangent liveness of the outputs; fully live unless a rule knows better."""
+        return [LIVE] * len(fa.graph.node_outputs(node))
+
+    def forward_masks(self, mctx, node: int, op, in_masks: List[Any]) -> List[Any]:
+        return [ALL] * len(op.outputs)
+
 
 def joined(outs: Sequence[Liveness]) -> Liveness:
     return join_all(outs)
@@ -46,6 +61,34 @@ def or_all(masks):
 def dropping(analysis, node, out: Liveness) -> Liveness:
     """The liveness of an input some of whose lanes ``node`` drops."""
     return dropped_by(analysis.graph.origin(node), out)
+
+
+def forward_join(fa, node, ins) -> List[Liveness]:
+    """A lane's tangent may be non-zero if any input's may (elementwise)."""
+    out = join_all(ins).without_partition()
+    return [out] * len(fa.graph.node_outputs(node))
+
+
+def forward_placed(fa, node, ins, indices=None) -> List[Liveness]:
+    """Inputs placed side by side (select cases, concat, pad, clip): fully
+    live only if every floating input is; a constant among them (a ``Const``
+    op has no tangent at all) makes the output partly structurally zero."""
+    graph = fa.graph
+    inputs = graph.node_inputs(node)
+    chosen = range(len(inputs)) if indices is None else indices
+    floats = [ins[i] for i in chosen if graph.carries_derivative(inputs[i])]
+    n_out = len(graph.node_outputs(node))
+    if floats and all(lv.is_live for lv in floats):
+        return [LIVE] * n_out
+    if not any(lv.reaches_output for lv in floats):
+        return [NO_DERIVATIVE] * n_out
+    origins: tuple = ()
+    for lv in floats:
+        if not lv.is_live:
+            origins = merge_origins(origins, lv.origins)
+    if any(not lv.reaches_output for lv in floats) or not origins:
+        origins = merge_origins((graph.origin(node),), origins)
+    return [Liveness(Level.PARTIAL, origins)] * n_out
 
 
 def n_inputs(analysis, node) -> int:

@@ -16,11 +16,14 @@ and ``IsFinite`` produce booleans and never carry a derivative anyway.
 """
 from __future__ import annotations
 
+import numpy as np
+import tensorflow as tf
+
 from passes.lattice import LIVE, NO_DERIVATIVE
 from passes.masks import ALL, NONE
 
-from hlo_guard.tf.mask_ops import reduce_to
-from hlo_guard.tf.rules.base import TFRule, joined, n_inputs, or_all
+from hlo_guard.tf.mask_ops import broadcast_like, reduce_to
+from hlo_guard.tf.rules.base import TFRule, forward_join, joined, n_inputs, or_all
 
 
 class Elementwise(TFRule):
@@ -40,6 +43,31 @@ class Elementwise(TFRule):
     def lane_mask(self, mctx, node, op, index, out_masks):
         """The mask at the *output* shape, for guarding a broadcast operand."""
         return or_all(out_masks)
+
+    def forward(self, fa, node, ins):
+        return forward_join(fa, node, ins)
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        out = mctx.value(op.outputs[0])
+        return [or_all([broadcast_like(m, out) for m in in_masks])] * len(op.outputs)
+
+    def guards_output(self, analysis, node, index):
+        """Scaling by a finite constant (``2 * x``, ``x / 4``) cannot turn a
+        zero tangent into NaN: no output guard there."""
+        if not self.guards:
+            return False
+        op = analysis.graph.op(node)
+        consts = [i for i, t in enumerate(op.inputs) if t.op.type == "Const"]
+        if op.type in ("Mul", "MulNoNan") and consts:
+            return not all(np.isfinite(_const(op.inputs[i])).all() for i in consts)
+        if op.type in ("RealDiv", "Div") and consts == [1]:
+            v = _const(op.inputs[1])
+            return not (np.isfinite(v).all() and (v != 0).all())
+        return True
+
+
+def _const(t):
+    return np.asarray(tf.get_static_value(t))
 
 
 class IdentityN(TFRule):
@@ -67,6 +95,16 @@ class IdentityN(TFRule):
             return [ALL] * len(op.inputs)
         return list(out_masks)
 
+    def forward(self, fa, node, ins):
+        if _has_custom_gradient(fa.graph.op(node)):
+            return [LIVE] * len(ins)
+        return [lv.without_partition() for lv in ins]
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        if _has_custom_gradient(op):
+            return [ALL] * len(op.outputs)
+        return list(in_masks)
+
 
 def _has_custom_gradient(op) -> bool:
     try:
@@ -85,6 +123,24 @@ class ZeroDerivative(TFRule):
 
     def input_masks(self, mctx, node, op, out_masks):
         return [NONE] * len(op.inputs)
+
+    def forward(self, fa, node, ins):
+        return [NO_DERIVATIVE] * len(fa.graph.node_outputs(node))
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        return [NONE] * len(op.outputs)
+
+
+class Source(ZeroDerivative):
+    """``ReadVariableOp`` and other sources: nothing flows back to a handle,
+    but a variable may be a primal of a ``ForwardAccumulator``: its value's
+    tangent is live."""
+
+    def forward(self, fa, node, ins):
+        return [LIVE] * len(fa.graph.node_outputs(node))
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        return [ALL] * len(op.outputs)
 
 
 # Derivative is a finite constant: a zero cotangent stays exactly zero.
@@ -126,5 +182,5 @@ def register(table):
     table.register(LINEAR, Elementwise(guards=False))
     table.register(NONLINEAR, Elementwise(guards=True))
     table.register(ZERO_DERIVATIVE, ZeroDerivative())
-    table.register(SOURCES, ZeroDerivative())
+    table.register(SOURCES, Source())
     table.register("IdentityN", IdentityN())

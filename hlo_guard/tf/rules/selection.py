@@ -29,7 +29,13 @@ from passes.lattice import NO_DERIVATIVE, partial_by
 from passes.masks import ALL, NONE
 
 from hlo_guard.tf.mask_ops import and_, broadcast_like, normalize, not_, reduce_to
-from hlo_guard.tf.rules.base import TFRule, dropping, joined
+from hlo_guard.tf.rules.base import TFRule, dropping, forward_join, forward_placed, joined, or_all
+
+
+def _pick(cases, chosen_list, out):
+    """Tangent mask of a selection: OR over cases of (case chosen AND its
+    tangent live), everything at the output's shape."""
+    return or_all([and_(c, broadcast_like(m, out)) for c, m in zip(chosen_list, cases)])
 
 
 def _condition(op, cond: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
@@ -60,6 +66,14 @@ class Select(TFRule):
                 reduce_to(t_mask, out, mctx.value(op.inputs[1])),
                 reduce_to(e_mask, out, mctx.value(op.inputs[2]))]
 
+    def forward(self, fa, node, ins):
+        return forward_placed(fa, node, ins, indices=[1, 2])
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        out = mctx.value(op.outputs[0])
+        chosen = _condition(op, mctx.value(op.inputs[0]), out)
+        return [_pick(in_masks[1:], [chosen, not_(chosen)], out)]
+
 
 class MaximumMinimum(TFRule):
     kind = "selection"
@@ -88,6 +102,16 @@ class MaximumMinimum(TFRule):
         _, _, _, xmask = self._chosen(mctx, op)
         return and_(out_masks[0], xmask if index == 0 else not_(xmask))
 
+    def forward(self, fa, node, ins):
+        # TF's derivative selects (x where it wins, ties included): the
+        # tangent of a lane is the chosen operand's, and a constant operand
+        # has none -- ``sqrt(maximum(x, 0))`` downstream multiplies it by inf
+        return forward_placed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        out, _, _, xmask = self._chosen(mctx, op)
+        return [_pick(in_masks, [xmask, not_(xmask)], out)]
+
 
 class ClipByValue(TFRule):
     kind = "selection"
@@ -106,6 +130,17 @@ class ClipByValue(TFRule):
         return [reduce_to(and_(m, inside), out, t),
                 reduce_to(and_(m, below), out, lo),
                 reduce_to(and_(m, above), out, hi)]
+
+    def forward(self, fa, node, ins):
+        return forward_placed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        out = mctx.value(op.outputs[0])
+        t, lo, hi = (mctx.value(x) for x in op.inputs)
+        below = broadcast_like(normalize(tf.less(t, lo)), out)
+        above = broadcast_like(normalize(tf.greater(t, hi)), out)
+        inside = and_(not_(below), not_(above))
+        return [_pick(in_masks, [inside, below, above], out)]
 
 
 class ReduceChooser(TFRule):
@@ -127,6 +162,23 @@ class ReduceChooser(TFRule):
             out = tf.broadcast_to(tf.reshape(out, kept), tf.shape(x))
         return [and_(out, chosen), NONE]
 
+    def forward(self, fa, node, ins):
+        return forward_join(fa, node, ins[:1])
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        """The result's tangent averages the chosen lanes' tangents."""
+        m = in_masks[0]
+        if m is ALL or m is NONE:
+            return [m]
+        x = mctx.value(op.inputs[0])
+        y = mctx.value(op.outputs[0])
+        axes = mctx.value(op.inputs[1])
+        kept = math_ops.reduced_shape(tf.shape(x), axes)
+        chosen = tf.equal(x, tf.reshape(y, kept))
+        live = tf.reduce_any(tf.logical_and(m, chosen), axis=axes,
+                             keepdims=op.get_attr("keep_dims"))
+        return [normalize(live)]
+
 
 class Relu(TFRule):
     kind = "selection"
@@ -144,6 +196,18 @@ class Relu(TFRule):
         if self.upper is not None:
             chosen = tf.logical_and(chosen, tf.less(y, tf.cast(self.upper, y.dtype)))
         return [and_(out_masks[0], normalize(chosen))]
+
+    def forward(self, fa, node, ins):
+        if not ins[0].reaches_output:
+            return [NO_DERIVATIVE]
+        return [partial_by(fa.graph.origin(node), ins[0])]
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        y = mctx.value(op.outputs[0])
+        chosen = tf.greater(y, tf.zeros([], y.dtype))
+        if self.upper is not None:
+            chosen = tf.logical_and(chosen, tf.less(y, tf.cast(self.upper, y.dtype)))
+        return [and_(in_masks[0], normalize(chosen))]
 
 
 def register(table):

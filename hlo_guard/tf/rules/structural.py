@@ -17,17 +17,17 @@ would cost a matmul as large as the program's own.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import tensorflow as tf
 
-from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
 from passes.masks import ALL, NONE
 
 from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, to_float
 from hlo_guard.tf.opcopy import copy_op
-from hlo_guard.tf.rules.base import TFRule, dropping, joined
+from hlo_guard.tf.rules.base import TFRule, dropping, forward_placed, joined
 
 
 def _never(op, i):
@@ -44,15 +44,26 @@ class Structural(TFRule):
     ``drops(op, i)`` says whether input ``i`` can have lanes no output reads
     (a slice, a gather, the padding constant); only then does a fully live
     output make the input partly dead.
+
+    ``probe_type`` names a linear stand-in whose gradient has the same lane
+    structure (``Prod`` probed as ``Sum``); a dict maps op type to stand-in.
+    ``real_values`` probes with the operation's actual inputs instead of
+    zeros: for a choosing reduction (``SegmentMax``) the lanes that reach the
+    output depend on the values, and TF's gradient reads them.
     """
     kind = "structural"
 
     def __init__(self, drops: Callable = _never, *, guards: bool = False,
-                 bilinear: bool = False, probe_type: Optional[str] = None):
+                 bilinear: bool = False, probe_type=None, real_values: bool = False,
+                 creates: bool = False):
         self.drops = drops
+        #: output lanes no input reaches (padding, unscattered lanes, empty
+        #: segments) hold a constant: their tangent is structurally zero
+        self.creates = creates
         self.guards = guards
         self.bilinear = bilinear
         self.probe_type = probe_type  # e.g. Prod probed as Sum
+        self.real_values = real_values
 
     def transfer(self, analysis, node, outs):
         op = analysis.graph.op(node)
@@ -69,11 +80,32 @@ class Structural(TFRule):
         return result
 
     def input_masks(self, mctx, node, op, out_masks):
+        probe_type = self.probe_type
+        if isinstance(probe_type, dict):
+            probe_type = probe_type[op.type]
         return probe_masks(mctx, op, out_masks, bilinear=self.bilinear,
-                           probe_type=self.probe_type)
+                           probe_type=probe_type, real_values=self.real_values)
+
+    def forward(self, fa, node, ins):
+        op = fa.graph.op(node)
+        if any(t.dtype == tf.resource for t in op.inputs):
+            return [LIVE] * len(op.outputs)  # reads a variable: its tangent is unknown here
+        placed = forward_placed(fa, node, ins)
+        if self.creates and placed[0].reaches_output:
+            return [partial_by(fa.graph.origin(node), placed[0])] * len(op.outputs)
+        return placed
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        probe_type = self.probe_type
+        if isinstance(probe_type, dict):
+            probe_type = probe_type[op.type]
+        return probe_forward_masks(mctx, op, in_masks, bilinear=self.bilinear,
+                                   probe_type=probe_type, real_values=self.real_values,
+                                   creates=self.creates)
 
 
-def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None) -> List:
+def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
+                real_values=False) -> List:
     diff = [i for i, t in enumerate(op.inputs) if is_inexact(t.dtype)]
     n = len(op.inputs)
     if not diff or all(m is NONE for m in out_masks):
@@ -88,7 +120,8 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None) -> List
             zeros = {}
             for i in diff:
                 if i in group:
-                    zeros[i] = args[i] = tf.zeros_like(vals[i])
+                    zeros[i] = args[i] = tf.identity(vals[i]) if real_values \
+                        else tf.zeros_like(vals[i])
                 elif bilinear:
                     args[i] = tf.ones_like(vals[i])
                 else:
@@ -109,6 +142,54 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None) -> List
                     g = tf.convert_to_tensor(g)
                     found[i] = normalize(tf.not_equal(g, tf.zeros([], g.dtype)))
     return [found.get(i, NONE) for i in range(n)]
+
+
+def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
+                        real_values=False, creates=False) -> List:
+    """Output tangent masks by TF's own derivative: the JVP of the probe copy
+    (built, as ForwardAccumulator does, by differentiating its VJP with
+    respect to the cotangent) applied to the 0/1 input masks; an output lane
+    is live iff that is non-zero.  Bilinear operations are probed one operand
+    at a time with the other replaced by ones (so sums of 0/1 terms cannot
+    cancel)."""
+    diff = [i for i, t in enumerate(op.inputs) if is_inexact(t.dtype)]
+    n_out = len(op.outputs)
+    if all(in_masks[i] is NONE for i in diff):
+        return [NONE] * n_out
+    if all(in_masks[i] is ALL for i in diff) and not creates:
+        return [ALL] * n_out
+    vals = [mctx.value(t) for t in op.inputs]
+    found: List = [NONE] * n_out
+    groups = [[i] for i in diff] if bilinear else [diff]
+    with tf.name_scope("hlo_guard_probe"):
+        for group in groups:
+            if all(in_masks[i] is NONE for i in group):
+                continue
+            args = list(vals)
+            for i in diff:
+                if i in group:
+                    args[i] = tf.identity(vals[i]) if real_values else tf.zeros_like(vals[i])
+                elif bilinear:
+                    args[i] = tf.ones_like(vals[i])
+                else:
+                    args[i] = tf.zeros_like(vals[i])
+            probe = copy_op(op, args, op_type=probe_type)
+            outs = [k for k, t in enumerate(probe.outputs) if is_inexact(t.dtype)]
+            cots = [tf.zeros_like(probe.outputs[k]) for k in outs]
+            vjps = tf.gradients([probe.outputs[k] for k in outs], [args[i] for i in group],
+                                grad_ys=cots)
+            pairs = [(g, to_float(in_masks[i], vals[i])) for i, g in zip(group, vjps)
+                     if g is not None]
+            if not pairs:
+                continue
+            jvps = tf.gradients([tf.convert_to_tensor(g) for g, _ in pairs], cots,
+                                grad_ys=[t for _, t in pairs])
+            for k, jv in zip(outs, jvps):
+                if jv is None:
+                    continue
+                live = normalize(tf.not_equal(jv, tf.zeros([], jv.dtype)))
+                found[k] = live if found[k] is NONE else tf.logical_or(found[k], live)
+    return found
 
 
 def _probe_matmul_masks(mctx, op, out_masks) -> List:
@@ -191,6 +272,11 @@ class MatMul(Structural):
     def input_masks(self, mctx, node, op, out_masks):
         return matmul_masks(mctx, op, out_masks)
 
+    def forward(self, fa, node, ins):
+        # a product's tangent is t_a b + a t_b: live wherever either operand's is
+        out = ins[0].join(ins[1]).without_partition()
+        return [out] * len(fa.graph.node_outputs(node))
+
 
 class ReshapeLike(Structural):
     """Reshape/ExpandDims/Squeeze/Identity-shaped: the mask is reshaped back."""
@@ -201,6 +287,13 @@ class ReshapeLike(Structural):
         masks[0] = m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.inputs[0])))
         return masks
 
+    def forward(self, fa, node, ins):
+        return [ins[0].without_partition()] * len(fa.graph.node_outputs(node))
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        m = in_masks[0]
+        return [m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.outputs[0])))]
+
 
 class Transpose(Structural):
     def input_masks(self, mctx, node, op, out_masks):
@@ -210,9 +303,22 @@ class Transpose(Structural):
         perm = mctx.value(op.inputs[1])
         return [tf.transpose(m, tf.math.invert_permutation(perm)), NONE]
 
+    def forward(self, fa, node, ins):
+        return [ins[0].without_partition()]
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        m = in_masks[0]
+        return [m if is_sentinel(m) else tf.transpose(m, mctx.value(op.inputs[1]))]
+
 
 class Conservative(TFRule):
-    """Known but not followed: inputs fully live, and the report says why."""
+    """Known but not followed: inputs fully live, and the report says why.
+
+    Dead lanes arrive not only through a partly live output but also through
+    an *unused* one: ``tf.dynamic_partition(x, p, 2)[1]`` drops the lanes of
+    partition 0, and a ``tf.cond`` output nobody reads leaves whatever its
+    branches computed for it dead.  Both are reported (a loop output that the
+    body passes through unchanged -- a loop invariant -- drops nothing)."""
     kind = "conservative"
 
     def __init__(self, reason: str):
@@ -222,6 +328,10 @@ class Conservative(TFRule):
         out = joined(outs)
         if out.reaches_output and not out.is_live:
             analysis.note_unreached(node, self.reason, out)
+        elif out.reaches_output and _drops_through_unused_output(analysis, node, outs):
+            analysis.note_unreached(
+                node, self.reason + "; some of its outputs are unused, so the lanes that "
+                "reach only them are dead", partial_by(analysis.graph.origin(node)))
         n = len(analysis.graph.node_inputs(node))
         return [LIVE if out.reaches_output else NO_DERIVATIVE] * n
 
@@ -229,8 +339,74 @@ class Conservative(TFRule):
         return [ALL] * len(op.inputs)
 
 
+class Unknown(Conservative):
+    """The fallback for op types without a rule (see :class:`TFRuleTable`).
+
+    Fully live is conservative only for the lanes that arrive; the op may kill
+    lanes itself (``MatrixBandPart`` zeroes a triangle, ``SparseReduceSum``
+    reads only the stored values), and nothing here can tell.  So it is
+    always reported when a derivative flows through it, as the contract asks
+    ("the report says so") -- never called clean."""
+
+    def __init__(self):
+        super().__init__("")
+
+    def transfer(self, analysis, node, outs):
+        name = analysis.graph.op_name(node)
+        out = joined(outs)
+        op = analysis.graph.op(node)
+        if out.is_live and any(is_inexact(t.dtype) for t in op.inputs):
+            analysis.note_unreached(
+                node, f"no rule for primitive '{name}': treated as fully live; lanes it "
+                "drops itself are not guarded", partial_by(analysis.graph.origin(node)))
+            return [LIVE] * len(op.inputs)
+        self.reason = f"no rule for primitive '{name}'"
+        return super().transfer(analysis, node, outs)
+
+
+def _drops_through_unused_output(analysis, node, outs) -> bool:
+    graph = analysis.graph
+    op = graph.op(node)
+    for k, (v, lv) in enumerate(zip(graph.node_outputs(node), outs)):
+        if lv.reaches_output or not is_inexact(op.outputs[k].dtype):
+            continue
+        if op.type in ("While", "StatelessWhile") and _loop_invariant(op, k):
+            continue
+        if op.type in ("If", "StatelessIf", "Case", "StatelessCase"):
+            continue  # branches are analysed with their unused outputs dead
+            # (hlo_guard.tf.control); what the branch computes for them is cut
+        return True
+    return False
+
+
+def _loop_invariant(op, k: int) -> bool:
+    """Whether the loop body returns its input ``k`` unchanged as output ``k``."""
+    try:
+        fn = op.graph._get_function(op.get_attr("body").name)  # pylint: disable=protected-access
+        fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+    except Exception:  # pragma: no cover - body not found: not provably invariant
+        return False
+    sig = fdef.signature
+    if k >= len(sig.input_arg) or k >= len(sig.output_arg):
+        return False
+    ref = fdef.ret.get(sig.output_arg[k].name, "")
+    nodes = {n.name: n for n in fdef.node_def}
+    for _ in range(len(nodes) + 1):
+        if ref == sig.input_arg[k].name:
+            return True
+        node = nodes.get(ref.split(":")[0])
+        if node is None or node.op != "Identity" or not node.input:
+            return False
+        ref = node.input[0]
+    return False
+
+
 def _padv2_drops(op, i):
     return i == 2  # the constant value reaches only the padding lanes
+
+
+def _first_input_drops(op, i):
+    return i == 0
 
 
 def _scatter_update_drops(op, i):
@@ -241,16 +417,32 @@ def register(table):
     table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
     table.register("Transpose", Transpose())
     same = Structural()
-    table.register(["ConcatV2", "Concat", "Pack", "BroadcastTo", "Tile", "Pad",
+    table.register(["ConcatV2", "Concat", "Pack", "BroadcastTo", "Tile",
                     "MirrorPad", "Reverse", "ReverseV2", "Sum", "Mean", "Cumsum",
-                    "BiasAdd", "BiasAddV1", "Fill", "Roll", "ScatterNd",
-                    "TensorScatterAdd", "UnsortedSegmentSum", "SegmentSum",
-                    "MatrixDiag", "MatrixDiagV3", "MatrixDiagPart", "MatrixDiagPartV3",
+                    "BiasAdd", "BiasAddV1", "Fill", "Roll",
+                    "TensorScatterAdd", "MatrixDiagV3", "MatrixDiagPart", "MatrixDiagPartV3",
                     "SpaceToDepth", "DepthToSpace", "Unpack", "Split", "SplitV",
                     "ReverseSequence"], same)
     table.register(["GatherV2", "Gather", "GatherNd", "StridedSlice", "Slice",
                     "ResourceGather"], Structural(_always))
+    table.register(["Pad", "ScatterNd", "MatrixDiag"], Structural(creates=True))
     table.register("PadV2", Structural(_padv2_drops))
+    # segment reductions drop the lanes whose id is negative or >= num_segments
+    # (unsorted) or that no index selects (sparse); TF's gradient gathers them
+    # back with ``_GatherDropNegatives``, so the probe sees exactly those lanes
+    segment_sums = ["UnsortedSegmentSum", "SegmentSum", "SegmentSumV2", "SegmentMean",
+                    "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
+                    "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
+                    "SparseSegmentSqrtNWithNumSegments"]
+    table.register(segment_sums, Structural(_first_input_drops, creates=True))
+    table.register(["UnsortedSegmentProd", "SegmentProd", "SegmentProdV2"],
+                   Structural(_first_input_drops, guards=True, creates=True, probe_type={
+                       "UnsortedSegmentProd": "UnsortedSegmentSum",
+                       "SegmentProd": "SegmentSum", "SegmentProdV2": "SegmentSumV2"}))
+    # max/min also drop the lanes that are not the segment's extremum
+    table.register(["UnsortedSegmentMax", "UnsortedSegmentMin", "SegmentMax", "SegmentMin",
+                    "SegmentMaxV2", "SegmentMinV2"],
+                   Structural(_first_input_drops, real_values=True, creates=True))
     table.register(["TensorScatterUpdate"], Structural(_scatter_update_drops))
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register("Prod", Structural(guards=True, probe_type="Sum"))
@@ -259,16 +451,33 @@ def register(table):
     table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"], MatMul())
     table.register(["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
                    Structural(_always, guards=True, bilinear=True))
+    # einsum may read only some lanes (``ii->i``, a trace) and multiplies
+    # operands: probed like a convolution, each operand against ones
+    table.register("Einsum", Structural(_always, guards=True, bilinear=True))
+    # top-k keeps k lanes; which ones depends on the values, so the probe
+    # runs on them (TF's gradient scatters into the chosen indices)
+    table.register("TopKV2", Structural(_always, real_values=True))
     # lanes mix nonlinearly along an axis: not followed
     for name in ["Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
-                 "SparseSoftmaxCrossEntropyWithLogits", "TopKV2", "Sort",
+                 "SparseSoftmaxCrossEntropyWithLogits", "Sort",
                  "Cholesky", "MatrixInverse", "MatrixDeterminant", "Svd", "Qr",
-                 "SelfAdjointEigV2", "Einsum", "FusedBatchNormV3", "FusedBatchNorm"]:
+                 "SelfAdjointEigV2", "FusedBatchNormV3", "FusedBatchNorm"]:
         table.register(name, Conservative(f"{name}: lanes mix nonlinearly; inputs kept fully live"))
     boundary = ("control flow '{}': its bodies are guarded inside, but dead lanes "
                 "are not followed across the boundary; its inputs are kept fully live")
     for name in ["If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"]:
         table.register(name, Conservative(boundary.format(name)))
+    # TensorList (TensorArray, map_fn, autograph loops): its lanes live in a
+    # variant handle; dead lanes arriving here are not followed into the list
+    # (and so not across the loop boundary that carries it)
+    tensor_list = ("'{}': dead lanes are not followed into a TensorList (TensorArray, "
+                   "map_fn, loop accumulators); what produced the list is kept fully live")
+    for name in ["TensorListGetItem", "TensorListSetItem", "TensorListStack",
+                 "TensorListFromTensor", "TensorListGather", "TensorListScatter",
+                 "TensorListScatterV2", "TensorListScatterIntoExistingList",
+                 "TensorListPushBack", "TensorListPopBack", "TensorListConcatV2",
+                 "TensorListSplit", "TensorListReserve"]:
+        table.register(name, Conservative(tensor_list.format(name)))
     opaque = ("call '{}' was not inlined; neither its body nor its boundary is "
               "rewritten; its inputs are kept fully live")
     for name in ["PartitionedCall", "StatefulPartitionedCall"]:

@@ -1,0 +1,148 @@
+"""The two places where hlo_guard reaches into JAX internals, kept together.
+
+JAX 0.10 has no public way to
+
+* register a cache so that ``jax.clear_caches()`` clears it (JAX's own caches
+  are registered with ``jax._src.util.register_cache``, a weak registry of
+  objects with ``cache_clear``/``cache_info``/``cache_keys``), nor
+* trace a function *without* inlining the ``jit(inline=True)`` calls it makes
+  (every ``jnp`` ufunc, ``jnp.mean``, ``jnp.linalg.norm`` ...).  Eager JAX runs
+  such a call as one compiled computation, whose simplifier may round
+  differently from the same equations dispatched one by one (``x / 1`` folded
+  away, a division by ``n`` turned into a multiplication): to be bitwise equal
+  to eager ``f``, eager ``guard(f)`` must see those boundaries too.
+
+Both hooks degrade gracefully: if the internal name is gone, the cache is
+simply not cleared by ``jax.clear_caches()`` (it stays bounded) and inline
+jits are inlined as JAX does by default (values may then differ by an ulp).
+``tests/test_api_memory.py`` and ``tests/test_eager_bitwise.py`` check that
+the hooks are active on the installed JAX.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Dict, Optional
+
+_local = threading.local()
+_STAGING: Dict[str, Optional[bool]] = {"installed": None}
+
+
+def register_with_clear_caches(cache: Any, what: str) -> bool:
+    """Have ``jax.clear_caches()`` call ``cache.cache_clear()``.  The registry
+    holds ``cache`` weakly.  Returns whether the hook is available."""
+    try:
+        from jax._src.util import register_cache
+    except ImportError:  # pragma: no cover - a future JAX
+        return False
+    register_cache(cache, what)
+    return True
+
+
+def _jit_staging():
+    try:
+        from jax._src import core as jcore
+        from jax._src.interpreters import partial_eval as pe
+        from jax._src.pjit import jit_p
+    except ImportError:  # pragma: no cover - a future JAX
+        return None
+    return jcore, pe, jit_p
+
+
+def current_trace():
+    """The trace JAX binds to right now (the jaxpr trace inside make_jaxpr)."""
+    from jax._src import core as jcore
+    return jcore.trace_ctx.trace
+
+
+def _install_staging_rule() -> bool:
+    """Wrap JAX's staging rule for ``jit`` once: while a top-level trace of
+    ours is marked, its inline jits are staged as calls (params unchanged, so
+    re-binding them later inlines them exactly where JAX would have)."""
+    installed = _STAGING["installed"]
+    if installed is not None:
+        return installed
+    _STAGING["installed"] = False
+    found = _jit_staging()
+    if found is None:  # pragma: no cover
+        return False
+    jcore, pe, jit_p = found
+    original = pe.custom_staging_rules.get(jit_p)
+    if original is None:  # pragma: no cover
+        return False
+
+    def staging_rule(trace, source_info, *args, **params):
+        keep = getattr(_local, "traces", ())
+        if params.get("inline") and any(trace is t for t in keep) and \
+                not any(isinstance(c, jcore.Ref) for c in params["jaxpr"].consts) and \
+                not any(getattr(v, "initial_qdd", None)
+                        for v in params["jaxpr"].jaxpr.invars):
+            return trace.default_process_primitive(jit_p, args, params,
+                                                   source_info=source_info)
+        return original(trace, source_info, *args, **params)
+
+    staging_rule.__wrapped__ = original  # type: ignore[attr-defined]
+    pe.custom_staging_rules[jit_p] = staging_rule
+    _STAGING["installed"] = True
+    return True
+
+
+@contextlib.contextmanager
+def keep_inline_jits_of_current_trace():
+    """Inside a function being traced by ``jax.make_jaxpr``: stage the
+    ``jit(inline=True)`` calls made directly at this level as calls instead
+    of inlining them (nested levels are untouched)."""
+    if not _install_staging_rule():
+        yield False
+        return
+    trace = current_trace()
+    prev = getattr(_local, "traces", ())
+    _local.traces = prev + (trace,)
+    try:
+        yield True
+    finally:
+        _local.traces = prev
+
+
+def attach_debug_info(flat_fn, fn, args, kwargs, static_argnums, static_argnames) -> bool:
+    """Make JAX's tracing errors name the user's function and arguments.
+
+    ``make_jaxpr`` sees only the flat function of array leaves that tracing
+    builds; without this, a ``TracerBoolConversionError`` says "while tracing
+    the function flat_fn ... the argument leaves[0]".  JAX reads a prepared
+    ``DebugInfo`` from the ``__fun_debug_info__`` attribute (what its own
+    wrappers use); we build it from the user's function and arguments."""
+    try:
+        from jax._src import api_util
+    except ImportError:  # pragma: no cover
+        return False
+    try:
+        dbg = api_util.debug_info("hlo_guard.guard", fn, args, kwargs,
+                                  static_argnums=static_argnums,
+                                  static_argnames=static_argnames)
+        api_util.save_wrapped_fun_debug_info(flat_fn, dbg)
+    except Exception:  # pragma: no cover - names are a courtesy, never a failure
+        return False
+    return True
+
+
+def primitive_jvp(prim):
+    """JAX's own JVP rule of ``prim``, a maker of symbolic-zero tangents and
+    the symbolic-zero type; or None.  Used to differentiate an implicitly
+    broadcasting operation at its *unbroadcast* primals with a broadcast
+    (guarded) tangent, so that its derivative is computed as plain JAX
+    computes it (same operand shapes, so the same kernels and rounding)."""
+    try:
+        from jax._src import ad_util
+        from jax._src.interpreters import ad
+    except ImportError:  # pragma: no cover
+        return None
+    rule = ad.primitive_jvps.get(prim)
+    if rule is None:
+        return None
+
+    def zero(x):
+        import jax
+        return ad_util.Zero(jax.typeof(x).to_tangent_aval())
+
+    return rule, zero, ad_util.Zero
