@@ -99,8 +99,8 @@ def _per_lane_jacobian(x):
 
 
 def test_jacfwd_through_relu_matches_maximum():
-    f = lambda x: jnp.sqrt(jax.nn.relu(x))             # noqa: E731 (relu is a custom_jvp)
-    g = lambda x: jnp.sqrt(jnp.maximum(x, 0.0))        # noqa: E731
+    f = lambda x: jnp.sqrt(jax.nn.relu(x))
+    g = lambda x: jnp.sqrt(jnp.maximum(x, 0.0))
     assert np.isnan(jax.jacfwd(f)(X)).any()
     got = jax.jacfwd(guard(f))(X)
     np.testing.assert_array_equal(got, jax.jacfwd(guard(g))(X))
@@ -113,7 +113,7 @@ def test_jvp_through_relu_keeps_genuine_singularity():
     """relu(0) = 0 with rule derivative 0 at 0: dead.  But sqrt(relu(x) + 0) at
     a *live* zero... x > 0 tiny is live and finite; x = 0 exactly is dead by the
     rule itself: no NaN hidden that the rule did not zero first."""
-    f = lambda x: jnp.sqrt(jax.nn.relu(x))             # noqa: E731
+    f = lambda x: jnp.sqrt(jax.nn.relu(x))
     x = jnp.array([0.0, 1e-30, 1.0])
     _, t = jax.jvp(guard(f), (x,), (jnp.ones_like(x),))
     want = [0.0, 0.5 / np.sqrt(np.float32(1e-30)), 0.5]

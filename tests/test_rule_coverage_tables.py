@@ -23,9 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hlo_guard import explain, guard
+from hlo_guard import explain, guard, render
 from hlo_guard.jax_frontend import interpreter
-from hlo_guard import render
 from hlo_guard.jax_frontend.rules import RULES, calls
 from hlo_guard.jax_frontend.rules.coverage import CONSERVATIVE_ON_PURPOSE
 
@@ -41,7 +40,7 @@ def _import_all_of_jax():
     for info in pkgutil.walk_packages(jax._src.__path__, "jax._src."):
         try:
             importlib.import_module(info.name)
-        except Exception:  # platform-specific modules (TPU, GPU) may not import here
+        except Exception:  # noqa: BLE001,S110 -- platform-specific modules (TPU, GPU) may not import here
             pass
 
 

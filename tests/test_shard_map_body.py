@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 from hlo_guard import guard
 
@@ -26,7 +27,8 @@ def mesh():
     return jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,))
 
 
-def _smap(mesh, body, in_specs, out_specs=P()):
+def _smap(mesh, body, in_specs, out_specs=None):
+    out_specs = P() if out_specs is None else out_specs
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
 

@@ -10,8 +10,6 @@ one (a new JAX primitive shows up there as unruled and unlisted).
 """
 from __future__ import annotations
 
-from typing import Dict
-
 _LINALG = ("linear algebra: every input lane may feed every output lane and the "
            "derivative mixes them; kept fully live")
 _COLLECTIVE = ("collective inside shard_map/pmap: lanes move between devices; a per-device "
@@ -22,7 +20,7 @@ _OPAQUE = "opaque to the pass (foreign code or a user-defined rule); kept fully 
 _NO_FLOAT = "carries no floating-point derivative; nothing to guard"
 _STATE = "mutable state (Refs) and effects: not followed; kept fully live"
 
-CONSERVATIVE_ON_PURPOSE: Dict[str, str] = {
+CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
     **{name: _LINALG for name in (
         "cholesky", "cholesky_update", "eig", "eigh", "lu", "qr", "geqrf", "geqp3",
         "householder_product", "ormqr", "svd", "schur", "hessenberg",

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import weakref
 
+from hlo_guard.jax_frontend.graph import JaxprGraph
 from passes.analysis import analyze
 from passes.rules import RuleTable
-
-from hlo_guard.jax_frontend.graph import JaxprGraph
 
 #: primitives whose lane structure a custom call's body may use (beyond
 #: elementwise and zero-derivative operations, identities and nested calls)
@@ -32,7 +31,7 @@ STRUCTURE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim", "resha
                    "reduce_prod", "dot_general"}
 _FOLLOWED_KINDS = ("elementwise", "zero-derivative", "identity")
 _TABLE = []
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> bool
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> bool
 
 
 def structure_rules() -> RuleTable:

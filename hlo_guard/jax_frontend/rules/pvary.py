@@ -16,9 +16,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from passes.masks import ALL
-
 from hlo_guard.jax_frontend.rules.passthrough import PassThrough
+from passes.masks import ALL
 
 
 class PVary(PassThrough):
