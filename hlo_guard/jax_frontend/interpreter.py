@@ -214,7 +214,7 @@ class Scope:
     # -- masks -------------------------------------------------------------------
     def _input_masks(self, node, out_masks):
         eqn = self.graph.eqns[node]
-        rule = RULES.get(eqn.primitive.name)
+        rule = self.analysis.rules.get(eqn.primitive.name)  # RULES, or a variant of it
         return rule.input_masks(self, node, eqn, out_masks)
 
     def tangent_mask(self, var):
@@ -557,12 +557,12 @@ def _bind_call(scope: Scope, node, eqn, invals):
         body, consts = body_of(eqn)
         inner = _guarded_body(sub, consts, len(invals), fixed, scope.mode, nested)
         name = eqn.primitive.name
-        if name in ("remat2", "checkpoint"):
+        if name == "remat2":
             fn = jax.checkpoint(inner, prevent_cse=eqn.params.get("prevent_cse", True),
                                 policy=eqn.params.get("policy"))
         else:
             inner.__name__ = inner.__qualname__ = str(eqn.params.get("name", "guarded_call"))
-            if name in ("jit", "pjit"):
+            if name == "jit":
                 fn = jax.jit(inner, inline=eqn.params.get("inline", False))
             else:
                 fn = inner
@@ -643,8 +643,7 @@ def _bind_shard_map(scope: Scope, node, eqn, invals):
 
 
 BINDERS = {
-    "jit": _bind_call, "pjit": _bind_call, "closed_call": _bind_call,
-    "core_call": _bind_call, "remat2": _bind_call, "checkpoint": _bind_call,
+    "jit": _bind_call, "closed_call": _bind_call, "remat2": _bind_call,
     "cond": _bind_cond, "while": _bind_while, "scan": _bind_scan,
     "shard_map": _bind_shard_map,
 }

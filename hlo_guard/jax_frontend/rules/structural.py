@@ -153,7 +153,11 @@ class _LinearProbe:
 def _finish(mask, static):
     if mask is None:
         return NONE
-    return normalize(np.asarray(mask)) if static else normalize(mask)
+    if static and not isinstance(mask, jax.core.Tracer):
+        return normalize(np.asarray(mask))
+    # Inside a shard_map body even a compile-time evaluation comes back traced
+    # (an invariant array): use it as it is, never pull it into numpy.
+    return normalize(mask)
 
 
 def transpose_masks(mctx, eqn, out_masks, *, value_dependent=False, bilinear=False,
