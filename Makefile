@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: install demo test test-fast fuzz bench clean
+.PHONY: install demo test test-fast lint format fuzz bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,16 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x tests -m "not slow"
 
+# ruff (lint + format check) and mypy; CI runs this before the tests
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
 fuzz: $(STAMP)
 	HLO_GUARD_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q tests/test_fuzz.py
 
@@ -33,4 +43,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -30,6 +30,18 @@ def _ratios(samples, num="guarded"):
     return {den: samples.ratio(num, den) for den in ("unguarded", "double_where")}
 
 
+def _value_mode(samples, mem, hlo, stages) -> Dict[str, Any]:
+    """Value mode (``guard_mode="value"``) against the same baselines."""
+    return {"ratio": _ratios(samples, "guarded_value"),
+            "ratio_to_gradient_mode": samples.ratio("guarded_value", "guarded"),
+            "peak_memory_ratio": mem["guarded_value"]["peak"] / mem["unguarded"]["peak"],
+            "peak_memory_ratio_dw": mem["guarded_value"]["peak"] / mem["double_where"]["peak"],
+            "xla_compile_ratio": statistics.median(stages["guarded_value"].compile)
+            / statistics.median(stages["unguarded"].compile),
+            "hlo_diff_minus_unguarded": diff_opcodes(hlo["guarded_value"].opcodes,
+                                                     hlo["unguarded"].opcodes)}
+
+
 def measure_workload(w: Workload, size, *, rounds: int, compile_trials: int,
                      target_sample_s: float = 0.05) -> Dict[str, Any]:
     args = w.make_inputs(size, 0)
@@ -50,7 +62,7 @@ def measure_workload(w: Workload, size, *, rounds: int, compile_trials: int,
         samples = time_alternating(timed, rounds=rounds, target_sample_s=target_sample_s)
         hlo = {k: parse_hlo(compiled[k].as_text()) for k in VARIANTS}
         mem = {k: memory_of(compiled[k]) for k in VARIANTS}
-        makers = {v: (lambda v=v: fresh(v)) for v in ("unguarded", "guarded")}
+        makers = {v: (lambda v=v: fresh(v)) for v in ("unguarded", "guarded", "guarded_value")}
         stages = time_compile_alternating(makers, args, trials=compile_trials)
         comp = {k: s.medians() for k, s in stages.items()}
         result[kind] = {
@@ -72,5 +84,6 @@ def measure_workload(w: Workload, size, *, rounds: int, compile_trials: int,
                                                              hlo["unguarded"].opcodes),
             "hlo_diff_guarded_minus_double_where": diff_opcodes(hlo["guarded"].opcodes,
                                                                 hlo["double_where"].opcodes),
+            "value_mode": _value_mode(samples, mem, hlo, stages),
         }
     return result

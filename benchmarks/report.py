@@ -153,7 +153,37 @@ def jax_tables(workloads: List[Dict[str, Any]]) -> List[str]:
                      "grad instr (dots) g / u / dw", "guard selects in grad (g − u)",
                      "grad selects fused/total g / u / dw",
                      "grad fusions g / u / dw"], rows)
-    return lines
+    return lines + [""] + value_mode_table(workloads)
+
+
+def value_mode_table(workloads: List[Dict[str, Any]]) -> List[str]:
+    """``guard_mode="value"`` (safe points in value-dead lanes) in the same run."""
+    lines = ["### Value mode (`guarded_jit(f, guard_mode=\"value\")`), same run", "",
+             "Timed in the same rounds as the variants above (paired ratios). Value mode "
+             "substitutes safe points only where the dead lanes are value-dead; other sites "
+             "keep gradient guards, so it is never worse-defined than the default.", ""]
+    rows = []
+    for w in workloads:
+        v = w["gradient"].get("value_mode")
+        if v is None:
+            continue
+        fv = w["forward"]["value_mode"]
+        gh = w["gradient"]["hlo"]
+        rows.append([w["workload"], w["size"],
+                     _rq(v["ratio"]["unguarded"], TARGETS["run"]),
+                     _rq(v["ratio"]["double_where"], TARGETS["run_dw"], DW_TOLERANCE),
+                     _rq(v["ratio_to_gradient_mode"]),
+                     _r(v["peak_memory_ratio"], TARGETS["memory"], MEM_TOLERANCE),
+                     _r(v["peak_memory_ratio_dw"], TARGETS["memory"], MEM_TOLERANCE),
+                     _r(v["xla_compile_ratio"], TARGETS["compile"]),
+                     f"{gh['guarded_value']['instructions']} "
+                     f"({gh['guarded_value']['opcodes'].get('dot', 0)}) / "
+                     f"{gh['guarded_value']['fusions']}",
+                     "identical" if not fv["hlo_diff_minus_unguarded"] else "differs"])
+    return lines + _table(["workload", "size", "grad ÷ unguarded", "grad ÷ double-where",
+                           "grad ÷ gradient mode", "peak mem grad ÷ unguarded",
+                           "peak mem grad ÷ double-where", "grad XLA compile ÷ unguarded",
+                           "grad instr (dots) / fusions", "fwd HLO vs unguarded"], rows)
 
 
 def _k(x) -> str:

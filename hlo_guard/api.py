@@ -20,8 +20,18 @@ from hlo_guard.jax_frontend.interpreter import run_guarded
 from hlo_guard.jax_frontend.trace_cache import (DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE,
                                                 TraceCache, arrays_held)
 from hlo_guard.jax_frontend.tracing import normalize_static, signature_of, trace
+from hlo_guard.jax_frontend.value_mode import MODES
 
 JIT_KEYWORDS = frozenset(p for p in inspect.signature(jax.jit).parameters if p != "fun")
+
+
+def _check_mode(mode, who: str, keyword: str) -> str:
+    if not isinstance(mode, str) or mode not in MODES:
+        raise GuardUsageError(
+            f"{who}: {keyword}={mode!r} is not a guard mode; use one of {list(MODES)} "
+            "('gradient': dead lanes keep their values, only derivatives are cut; "
+            "'value': value-dead lanes get a safe point, so NaN checkers run clean)")
+    return mode
 
 
 def _check_callable(fn, who: str):
@@ -49,7 +59,8 @@ class GuardedFunction:
 
     def __init__(self, fn: Callable, static_argnums=(), static_argnames=(),
                  cache_size: int = DEFAULT_CACHE_SIZE,
-                 cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES):
+                 cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES, mode: str = "gradient"):
+        self.mode = _check_mode(mode, "hlo_guard.guard", "mode")
         self._binding = "method"
         if isinstance(fn, staticmethod):
             fn, self._binding = fn.__func__, "static"
@@ -83,7 +94,8 @@ class GuardedFunction:
 
     def __call__(self, *args, **kwargs):
         program, leaves = self.traced(*args, **kwargs)
-        outs = run_guarded(program.analysis, program.closed_jaxpr.consts, leaves)
+        outs = run_guarded(program.analysis, program.closed_jaxpr.consts, leaves,
+                           mode=self.mode)
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
     def __get__(self, obj, objtype=None):
@@ -107,43 +119,55 @@ class GuardedFunction:
             nums = (nums,) if isinstance(nums, int) else tuple(nums or ())
             shifted = tuple(i - 1 for i in nums if i > 0)
             bound = GuardedFunction(functools.partial(self.fn, cls), shifted, names,
-                                    self._cache.maxsize, self._cache.max_bytes)
+                                    self._cache.maxsize, self._cache.max_bytes, mode=self.mode)
             self._bound_to_class[cls] = bound
         return bound
 
     def __repr__(self):
-        return f"guard({getattr(self.fn, '__qualname__', self.fn)!r})"
+        mode = "" if self.mode == "gradient" else f", mode={self.mode!r}"
+        return f"guard({getattr(self.fn, '__qualname__', self.fn)!r}{mode})"
 
 
 def guard(fn: Optional[Callable] = None, *, static_argnums=(), static_argnames=(),
           cache_size: int = DEFAULT_CACHE_SIZE,
-          cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES):
+          cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES, mode: str = "gradient"):
     """Return ``fn`` with gradient guards inserted before every operation whose
     dead lanes could turn a structural zero into NaN.
 
-    Usable as ``guard(f)``, ``@guard`` or ``@guard(static_argnums=...)``.
+    ``mode="gradient"`` (default) changes no value: ``select(m, x, stop_gradient(x))``.
+    ``mode="value"`` is the literal double where: lanes dead by a select or never
+    read get a safe point of the operation (``sqrt``/``log``/``div`` -> 1,
+    ``arccos`` -> 0), so intermediates are finite and ``jax_debug_nans`` runs
+    clean; lanes that still decide the result (the loser of ``max``/``min``)
+    keep the gradient guard.
+
+    Usable as ``guard(f)``, ``@guard`` or ``@guard(static_argnums=..., mode=...)``.
     ``cache_size`` bounds the traces kept (one per input signature, least
     recently used dropped first; 0 re-traces on every call); ``cache_bytes``
     bounds the constants they hold together (each array counted once; the
     latest trace is always kept; None: no byte bound).
     """
+    _check_mode(mode, "hlo_guard.guard", "mode")
     if fn is None:
         return lambda f: GuardedFunction(f, static_argnums, static_argnames, cache_size,
-                                         cache_bytes)
-    return GuardedFunction(fn, static_argnums, static_argnames, cache_size, cache_bytes)
+                                         cache_bytes, mode=mode)
+    return GuardedFunction(fn, static_argnums, static_argnames, cache_size, cache_bytes,
+                           mode=mode)
 
 
-def guarded_jit(fn: Optional[Callable] = None, **jit_kwargs):
-    """``jax.jit(guard(fn), **jit_kwargs)``; usable as ``@guarded_jit`` and
-    ``@guarded_jit(static_argnums=...)``.  Accepts every ``jax.jit`` keyword."""
+def guarded_jit(fn: Optional[Callable] = None, *, guard_mode: str = "gradient", **jit_kwargs):
+    """``jax.jit(guard(fn, mode=guard_mode), **jit_kwargs)``; usable as
+    ``@guarded_jit`` and ``@guarded_jit(static_argnums=...)``.  Accepts every
+    ``jax.jit`` keyword."""
+    _check_mode(guard_mode, "hlo_guard.guarded_jit", "guard_mode")
     unknown = sorted(set(jit_kwargs) - JIT_KEYWORDS)
     if unknown:
         raise GuardUsageError(
             f"guarded_jit got unexpected keyword argument(s) {unknown}; "
             f"jax.jit accepts {sorted(JIT_KEYWORDS)}")
     if fn is None:
-        return lambda f: guarded_jit(f, **jit_kwargs)
+        return lambda f: guarded_jit(f, guard_mode=guard_mode, **jit_kwargs)
     _check_callable(fn, "hlo_guard.guarded_jit")
     guarded = GuardedFunction(fn, jit_kwargs.get("static_argnums", ()),
-                              jit_kwargs.get("static_argnames", ()))
+                              jit_kwargs.get("static_argnames", ()), mode=guard_mode)
     return jax.jit(guarded, **jit_kwargs)

@@ -8,8 +8,8 @@ the "best a careful human does" baseline), input builders per size, and the
 the MLP).
 
 Variants: ``jax.jit(loss)`` (unguarded; its gradient is NaN in the dead lanes,
-which is why users need something), ``hlo_guard.guarded_jit(loss)`` and
-``jax.jit(loss_dw)``.  Guards go on the primal, so the guarded gradient step is
+which is why users need something), ``hlo_guard.guarded_jit(loss)``,
+``jax.jit(loss_dw)`` and value mode, ``guarded_jit(loss, guard_mode="value")``.  Guards go on the primal, so the guarded gradient step is
 ``jax.jit(step(hlo_guard.guard(loss)))``.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 import hlo_guard
 
-VARIANTS = ("unguarded", "guarded", "double_where")
+VARIANTS = ("unguarded", "guarded", "double_where", "guarded_value")
 
 
 def grad_step(loss: Callable) -> Callable:
@@ -50,14 +50,16 @@ class Workload:
         loss, loss_dw = self.loss, self.loss_dw
         return {"unguarded": lambda *a: loss(*a),
                 "guarded": hlo_guard.guard(loss),
-                "double_where": lambda *a: loss_dw(*a)}
+                "double_where": lambda *a: loss_dw(*a),
+                "guarded_value": hlo_guard.guard(loss, mode="value")}
 
     def gradient_fns(self) -> Dict[str, Callable]:
         """Fresh (uncompiled) gradient-step functions, one per variant."""
         loss, loss_dw = self.loss, self.loss_dw
         return {"unguarded": self.step(lambda *a: loss(*a)),
                 "guarded": self.step(hlo_guard.guard(loss)),
-                "double_where": self.step(lambda *a: loss_dw(*a))}
+                "double_where": self.step(lambda *a: loss_dw(*a)),
+                "guarded_value": self.step(hlo_guard.guard(loss, mode="value"))}
 
     def compiled(self, kind: str, args: Sequence[Any]) -> Dict[str, Any]:
         """``jax.jit(f).lower(*args).compile()`` per variant ("forward"/"gradient")."""
@@ -65,6 +67,7 @@ class Workload:
         jitted = {k: jax.jit(f) for k, f in fns.items()}
         if kind == "forward":  # literally the public entry point (= jax.jit(guard(f)))
             jitted["guarded"] = hlo_guard.guarded_jit(self.loss)
+            jitted["guarded_value"] = hlo_guard.guarded_jit(self.loss, guard_mode="value")
         return {k: j.lower(*args).compile() for k, j in jitted.items()}
 
     # -- correctness --------------------------------------------------------------
@@ -80,12 +83,22 @@ class Workload:
         grads = {k: f(*args) for k, f in self.compiled("gradient", args).items()}
         np.testing.assert_allclose(np.asarray(fwd["guarded"]), np.asarray(fwd["unguarded"]),
                                    rtol=1e-6, atol=0, err_msg=f"{self.name}: forward changed")
+        # Value mode's forward is the double-where's program: XLA may simplify it
+        # differently (no 1/sqrt -> rsqrt across a select), so 1 ulp, not bitwise.
+        np.testing.assert_allclose(np.asarray(fwd["guarded_value"]),
+                                   np.asarray(fwd["unguarded"]), rtol=1e-6, atol=0,
+                                   err_msg=f"{self.name}: value mode changed the forward")
         np.testing.assert_allclose(np.asarray(fwd["guarded"]), np.asarray(fwd["double_where"]),
                                    rtol=self.rtol, atol=self.atol,
                                    err_msg=f"{self.name}: forward != double-where")
         g_leaves = jax.tree_util.tree_leaves(grads["guarded"])
         dw_leaves = jax.tree_util.tree_leaves(grads["double_where"])
         u_leaves = jax.tree_util.tree_leaves(grads["unguarded"])
+        v_leaves = jax.tree_util.tree_leaves(grads["guarded_value"])
+        for g, dw in zip(v_leaves, dw_leaves, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(dw), rtol=self.rtol,
+                                       atol=self.atol,
+                                       err_msg=f"{self.name}: value-mode gradient != double-where")
         for g, dw in zip(g_leaves, dw_leaves, strict=True):
             g, dw = np.asarray(g), np.asarray(dw)
             assert np.all(np.isfinite(dw)), f"{self.name}: double-where gradient not finite"

@@ -96,6 +96,22 @@ def _prepare(ns):
 
 def _run(ns) -> int:
     fn, args, kwargs = _prepare(ns)
+    from hlo_guard.inspect.explain_tf import PlainTFFunctionError, is_tf_guarded, refuse_plain_tf
+    if is_tf_guarded(fn):
+        return _command(ns, fn, args, kwargs)
+    try:
+        with refuse_plain_tf(fn, args, kwargs):
+            return _command(ns, fn, args, kwargs)
+    except PlainTFFunctionError as exc:
+        module, _, name = ns.target.rpartition(":")
+        new_name = name.rpartition(".")[2] + "_guarded"
+        raise UsageError(
+            f"{ns.target} is {exc.kind}, not a JAX function; guard it in its module "
+            f"(`{new_name} = hlo_guard.tf.guard({name})`) and run "
+            f"`hlo-guard {ns.command} {module}:{new_name} ...`") from None
+
+
+def _command(ns, fn, args, kwargs) -> int:
     if ns.command == "explain":
         from hlo_guard.inspect.explain import explain
         report = explain(fn, *args, **kwargs)

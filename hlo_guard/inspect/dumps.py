@@ -165,7 +165,9 @@ def dump(fn, *args, level: str = "jaxpr", program: str = "forward", show: str = 
         if kwargs:
             raise GuardUsageError("dumps of a TensorFlow function take positional arguments")
         return TFDumps(fn, args).show(level, program, show)
-    return ProgramDumps(Programs.build(fn, args, kwargs)).show(level, program, show)
+    from hlo_guard.inspect.explain_tf import refuse_plain_tf
+    with refuse_plain_tf(fn, args, kwargs, tool="hlo_guard.dump"):
+        return ProgramDumps(Programs.build(fn, args, kwargs)).show(level, program, show)
 
 
 def dump_lowered(lowered, level: str = "stablehlo", original=None) -> str:

@@ -31,6 +31,7 @@ from passes.planning import plan_guards
 from hlo_guard.inspect.dumps import ProgramDumps
 from hlo_guard.jax_frontend import interpreter
 from hlo_guard.jax_frontend.graph import Literal
+from hlo_guard.jax_frontend.rules.calls import MASK_ONLY
 from hlo_guard.inspect.programs import Programs, function_name
 from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
@@ -47,11 +48,12 @@ def explain(fn, *args, **kwargs) -> ExplainReport:
     and serialises with ``report.to_json()``; ``report.dumps(level, program)``
     shows the program itself.
     """
-    from hlo_guard.inspect.explain_tf import explain_tf, is_tf_guarded
+    from hlo_guard.inspect.explain_tf import explain_tf, is_tf_guarded, refuse_plain_tf
     if is_tf_guarded(fn):  # one report model for both front ends
         return explain_tf(fn, *args, **kwargs)
-    progs = Programs.build(fn, args, kwargs)
-    return build_report(progs)
+    with refuse_plain_tf(fn, args, kwargs):
+        progs = Programs.build(fn, args, kwargs)
+        return build_report(progs)
 
 
 def build_report(progs: Programs) -> ExplainReport:
@@ -64,7 +66,8 @@ def build_report(progs: Programs) -> ExplainReport:
     explainer = _Explainer(tree, Renderer(tree, input_names))
     sites: List[SiteInfo] = []
     for a in tree.analyses():
-        sites.extend(explainer.scope_sites(a))
+        if not a.notes.get(MASK_ONLY):  # a custom call's body: masks only, never guarded
+            sites.extend(explainer.scope_sites(a))
     dumps = ProgramDumps(progs)
     report = ExplainReport(framework="jax", function=function_name(progs.guarded.fn),
                            sites=sites, signature=progs.signature(), _dumps=dumps.show)

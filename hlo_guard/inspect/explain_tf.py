@@ -10,6 +10,11 @@ TensorFlow is imported only when such a function is passed in.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from typing import Optional
+
 from hlo_guard.inspect.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.inspect.report_model import ExplainReport
@@ -25,6 +30,72 @@ def is_tf_guarded(fn) -> bool:
         if obj is not None and type(obj).__module__.startswith("hlo_guard.tf"):
             return True
     return False
+
+
+class PlainTFFunctionError(GuardUsageError):
+    """A plain (unguarded) TensorFlow function or Keras model reached the JAX
+    tools: they guard a JAX function themselves, a TF one must come guarded."""
+
+    def __init__(self, fn, kind: str, tool: str = "hlo_guard.explain"):
+        self.name = _display_name(fn)
+        self.kind = kind
+        super().__init__(
+            f"{self.name} is {kind}, not a JAX function; wrap it with the TensorFlow front "
+            f"end first: {tool}(hlo_guard.tf.guard({self.name}), *args)")
+
+
+def _display_name(fn) -> str:
+    name = getattr(fn, "__name__", None) or getattr(fn, "name", None) or type(fn).__name__
+    return "fn" if name == "<lambda>" else str(name)
+
+
+def _from(obj, package: str) -> bool:
+    return type(obj).__module__.split(".")[0] == package
+
+
+def plain_tf_kind(fn, args=(), kwargs=None) -> str:
+    """What TF thing ``fn`` is ('' if it does not look like TF), judged
+    without importing TensorFlow: a ``tf.function``, a Keras model or layer,
+    or any function called with TF tensors."""
+    if _from(fn, "tensorflow"):
+        return "a plain tf.function"
+    if _from(fn, "keras") or _from(fn, "tf_keras"):
+        return f"a Keras {type(fn).__name__} (TensorFlow)"
+    for a in list(args) + list((kwargs or {}).values()):
+        if _from(a, "tensorflow"):
+            return "a function called with TensorFlow tensors"
+    return ""
+
+
+def _raised_in_tensorflow(exc: BaseException) -> bool:
+    tf_mod = sys.modules.get("tensorflow")
+    if tf_mod is None or not getattr(tf_mod, "__file__", None):
+        return False
+    tf_dir = os.path.dirname(os.path.abspath(tf_mod.__file__)) + os.sep
+    tb = exc.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(tf_dir):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+@contextlib.contextmanager
+def refuse_plain_tf(fn, args=(), kwargs=None, tool: str = "hlo_guard.explain"):
+    """Raise :class:`PlainTFFunctionError` for a TF function given to the JAX
+    tools: up front when it is recognisably TF, else when tracing it with JAX
+    fails inside TensorFlow (a Python function calling ``tf.*`` ops)."""
+    kind = plain_tf_kind(fn, args, kwargs)
+    if kind:
+        raise PlainTFFunctionError(fn, kind, tool)
+    try:
+        yield
+    except GuardUsageError:
+        raise
+    except Exception as exc:
+        if _raised_in_tensorflow(exc):
+            raise PlainTFFunctionError(fn, "a plain TensorFlow function", tool) from exc
+        raise
 
 
 def lift(base) -> ExplainReport:
@@ -51,8 +122,9 @@ class TFDumps:
                                            guarded=which == "guarded")
         return self._texts[key]
 
-    def show(self, level: str = "stablehlo", program: str = "forward",
+    def show(self, level: Optional[str] = None, program: str = "forward",
              show: str = "diff") -> str:
+        level = level or "stablehlo"  # a TF program has no jaxpr
         check_choice("level", level, LEVELS)
         check_choice("program", program, PROGRAMS)
         check_choice("show", show, SHOWS)

@@ -21,7 +21,7 @@ INFIX = {
     "add_any": "+", "rem": "%", "pow": "**",
 }
 TRANSPARENT = {"convert_element_type", "broadcast_in_dim", "reshape", "squeeze",
-               "expand_dims", "copy", "copy_p", "reduce_precision"}
+               "copy", "reduce_precision", "pvary", "sharding_constraint", "reshard"}
 #: default depth of an expression: deeper sub-expressions become ``…``
 DEPTH = 3
 ELLIPSIS = "…"

@@ -196,10 +196,14 @@ class ExplainReport(Report):
         return lines
 
     # -- dumps --------------------------------------------------------------------------
-    def dumps(self, level: str = "jaxpr", program: str = "forward", show: str = "diff") -> str:
+    def dumps(self, level: Optional[str] = None, program: str = "forward",
+              show: str = "diff") -> str:
         """The program behind this report at ``level`` (``jaxpr``, ``stablehlo``,
-        ``hlo``) for ``program`` (``forward``, ``grad``); ``show`` one of
-        ``original``, ``guarded``, ``both``, ``diff``."""
+        ``hlo``; default ``jaxpr`` for JAX, ``stablehlo`` for TensorFlow) for
+        ``program`` (``forward``, ``grad``); ``show`` one of ``original``,
+        ``guarded``, ``both``, ``diff``."""
         if self._dumps is None:
             raise ValueError("this report was not built with its program; use hlo_guard.dump")
+        if level is None:
+            return self._dumps(program=program, show=show)
         return self._dumps(level=level, program=program, show=show)

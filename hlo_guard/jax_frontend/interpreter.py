@@ -41,6 +41,7 @@ from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
 from hlo_guard.jax_frontend.rules import RULES
 from hlo_guard.jax_frontend.rules.calls import (REWRITTEN_CALLS, body_of,
                                                  control_bodies, open_jaxpr)
+from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 
 _MISSING = object()
 
@@ -129,8 +130,11 @@ class Scope:
     def __init__(self, analysis: Analysis, consts: Sequence[Any], args: Sequence[Any],
                  out_masks: Sequence[Any], parent: Optional["Scope"] = None,
                  parent_inputs: Optional[Dict[Any, Any]] = None,
-                 forward=None, in_tmasks: Optional[Sequence[Any]] = None):
+                 forward=None, in_tmasks: Optional[Sequence[Any]] = None,
+                 mode: str = "gradient", nested: bool = False):
         self.analysis = analysis
+        self.mode = mode
+        self.nested = nested
         self.graph = analysis.graph
         self.jaxpr = self.graph.jaxpr
         self.forward = forward
@@ -207,7 +211,7 @@ class Scope:
     # -- masks -------------------------------------------------------------------
     def _input_masks(self, node, out_masks):
         eqn = self.graph.eqns[node]
-        rule = RULES.get(eqn.primitive.name)
+        rule = self.analysis.rules.get(eqn.primitive.name)  # RULES, or a variant of it
         return rule.input_masks(self, node, eqn, out_masks)
 
     def tangent_mask(self, var):
@@ -279,6 +283,9 @@ class Scope:
 
     # -- guarded evaluation --------------------------------------------------------
     def guard(self, node: int, site: GuardSite, x):
+        safe = self._safe_point(node, site) if self.mode == "value" else None
+        if safe is not None:
+            return self._substitute(node, site, x, safe)
         if site.statically_dead:
             return lax.stop_gradient(x)
         try:
@@ -292,6 +299,38 @@ class Scope:
             return lax.stop_gradient(x)
         shape = np.shape(x)
         return lax.select(to_guard_mask(mask, shape), x, lax.stop_gradient(x))
+
+    def _safe_point(self, node: int, site: GuardSite):
+        """Value mode: the safe point for this site, or None if its dead lanes
+        are not all value-dead (see :mod:`value_mode`)."""
+        safe = safe_point(self.graph.eqns[node].primitive.name)
+        if safe is None or not value_substitutable(self.analysis, node, self.nested):
+            return None
+        return safe
+
+    def body_nested(self, node: int) -> bool:
+        """Whether the body of call/cond ``node`` must treat its outputs as
+        opaque in value mode: yes unless the call's outputs are themselves
+        value-transparent here.  (``scan``/``while`` bodies always are: their
+        carries feed back.)"""
+        return self.mode != "value" or not value_substitutable(self.analysis, node,
+                                                                  self.nested)
+
+    def _substitute(self, node: int, site: GuardSite, x, safe):
+        """``select(mask, x, safe)``: dead lanes hold a point where the primitive
+        and its derivatives are finite; their derivative is zero."""
+        if site.statically_dead:
+            return lax.full_like(x, safe)
+        try:
+            mask = self.resolver.use_mask(node, site.index)
+        except ShadowUnavailable as exc:
+            self.skipped.append((node, site.index, str(exc)))
+            return x
+        if mask is ALL:
+            return x
+        if mask is NONE:
+            return lax.full_like(x, safe)
+        return lax.select(to_guard_mask(mask, np.shape(x)), x, lax.full_like(x, safe))
 
     @staticmethod
     def _implicitly_broadcast(eqn, x) -> bool:
@@ -482,39 +521,45 @@ def _n_bodies(eqn):
     return len(control_bodies(eqn))
 
 
-def run_guarded(analysis: Analysis, consts, args, out_masks=None):
+def run_guarded(analysis: Analysis, consts, args, out_masks=None, mode: str = "gradient",
+                nested: bool = False):
+    """Evaluate ``analysis``'s jaxpr with guards.  ``mode="value"`` substitutes
+    safe points in value-dead lanes where it can (:mod:`value_mode`);
+    ``nested``: a call or control-flow body, whose outputs feed a caller."""
     if out_masks is None:
         out_masks = [ALL] * len(analysis.graph.jaxpr.outvars)
-    return Scope(analysis, consts, args, out_masks).run()
+    return Scope(analysis, consts, args, out_masks, mode=mode, nested=nested).run()
 
 
 # -- re-binding calls and control flow with guarded bodies ------------------------
 
-def _guarded_body(sub: Analysis, consts, n_args: int, fixed):
+def _guarded_body(sub: Analysis, consts, n_args: int, fixed, mode: str = "gradient",
+                  nested: bool = True):
     """A function (*args, *passed_masks) -> outputs evaluating ``sub`` guarded."""
     def body(*args_and_masks):
         args = args_and_masks[:n_args]
         passed = iter(args_and_masks[n_args:])
         out_masks = [next(passed) if f is None else f for f in fixed]
-        return run_guarded(sub, consts, args, out_masks)
+        return run_guarded(sub, consts, args, out_masks, mode=mode, nested=nested)
     return body
 
 
 def _bind_call(scope: Scope, node, eqn, invals):
     sub = scope.analysis.subs[(node, 0)]
     passed, fixed = scope.output_masks_for(node, sub)
-    key = ("_callable", node, tuple(f is None for f in fixed))
+    nested = scope.body_nested(node)
+    key = ("_callable", node, tuple(f is None for f in fixed), scope.mode, nested)
     fn = scope.analysis.notes.get(key)
     if fn is None:
         body, consts = body_of(eqn)
-        inner = _guarded_body(sub, consts, len(invals), fixed)
+        inner = _guarded_body(sub, consts, len(invals), fixed, scope.mode, nested)
         name = eqn.primitive.name
-        if name in ("remat2", "checkpoint"):
+        if name == "remat2":
             fn = jax.checkpoint(inner, prevent_cse=eqn.params.get("prevent_cse", True),
                                 policy=eqn.params.get("policy"))
         else:
             inner.__name__ = inner.__qualname__ = str(eqn.params.get("name", "guarded_call"))
-            if name in ("jit", "pjit"):
+            if name == "jit":
                 fn = jax.jit(inner, inline=eqn.params.get("inline", False))
             else:
                 fn = inner
@@ -535,7 +580,8 @@ def _bind_cond(scope: Scope, node, eqn, invals):
     fns = []
     for k, br in enumerate(branches):
         body, consts = open_jaxpr(br)
-        fns.append(_guarded_body(scope.analysis.subs[(node, k)], consts, len(ops), fixed))
+        fns.append(_guarded_body(scope.analysis.subs[(node, k)], consts, len(ops), fixed,
+                                 scope.mode, scope.body_nested(node)))
     return list(lax.switch(index, fns, *ops, *passed))
 
 
@@ -551,7 +597,8 @@ def _bind_while(scope: Scope, node, eqn, invals):
         return eval_jaxpr(cond_jaxpr, cond_consts_closed, *cconsts, *carry)[0]
 
     def body_fun(carry):
-        return run_guarded(sub, body_consts_closed, [*bconsts, *carry])
+        return run_guarded(sub, body_consts_closed, [*bconsts, *carry], mode=scope.mode,
+                           nested=True)
 
     return list(lax.while_loop(cond_fun, body_fun, list(init)))
 
@@ -569,7 +616,8 @@ def _bind_scan(scope: Scope, node, eqn, invals):
         x, masks = x_and_masks
         masks = iter(masks)
         out_masks = [next(masks) if f is None else f for f in fixed]
-        outs = run_guarded(sub, body_consts, [*consts, *carry, *x], out_masks)
+        outs = run_guarded(sub, body_consts, [*consts, *carry, *x], out_masks,
+                           mode=scope.mode, nested=True)
         return outs[:ncarry], outs[ncarry:]
 
     carry, ys = lax.scan(body, list(init), (list(xs), list(passed)), length=p["length"],
@@ -583,7 +631,7 @@ def _bind_shard_map(scope: Scope, node, eqn, invals):
     sub = scope.analysis.subs[(node, 0)]
 
     def fn(*args):
-        return tuple(run_guarded(sub, consts, args))
+        return tuple(run_guarded(sub, consts, args, mode=scope.mode, nested=True))
 
     mapped = jax.shard_map(fn, mesh=p["mesh"], in_specs=tuple(p["in_specs"]),
                            out_specs=tuple(p["out_specs"]), check_vma=p.get("check_vma", True),
@@ -592,8 +640,7 @@ def _bind_shard_map(scope: Scope, node, eqn, invals):
 
 
 BINDERS = {
-    "jit": _bind_call, "pjit": _bind_call, "closed_call": _bind_call,
-    "core_call": _bind_call, "remat2": _bind_call, "checkpoint": _bind_call,
+    "jit": _bind_call, "closed_call": _bind_call, "remat2": _bind_call,
     "cond": _bind_cond, "while": _bind_while, "scan": _bind_scan,
     "shard_map": _bind_shard_map,
 }

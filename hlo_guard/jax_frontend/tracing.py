@@ -174,15 +174,21 @@ def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     avals = tuple(leaf_aval(leaf, describe_path(path, fn, dyn_positions))
                   for path, leaf in leaves_with_paths)
     key = (treedef, tuple((a.shape, a.dtype, getattr(a, "weak_type", False),
-                           str(getattr(a, "sharding", ""))) for a in avals),
+                           str(getattr(a, "sharding", "")),
+                           str(getattr(a, "manual_axis_type", ""))) for a in avals),
            static, bool(jax.config.jax_enable_x64))
     return key, leaves, avals, treedef, static
 
 
 def spec_of(aval):
     """A ShapeDtypeStruct keeping what tracing depends on: the weak type
-    (Python scalars promote differently) and, under explicit-axis meshes, the
-    sharding that is part of the type."""
+    (Python scalars promote differently), under explicit-axis meshes the
+    sharding that is part of the type, and inside a ``shard_map`` body the
+    varying manual axes (without them the trace has no ``pvary`` on literals and
+    re-binding fails with 'requires varying manual axes to match')."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None and not getattr(mat, "empty", True):
+        return aval  # make_jaxpr takes the ShapedArray, varying axes included
     sharding = getattr(aval, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or getattr(mesh, "empty", True) or not getattr(sharding, "spec", None) \

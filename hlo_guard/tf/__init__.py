@@ -17,3 +17,12 @@ from hlo_guard.tf.report import build_report, compiler_ir, report, rule_names
 
 __all__ = ["guard", "guarded_function", "GuardedTFFunction", "report", "build_report",
            "compiler_ir", "rule_names", "GuardUsageError"]
+
+
+def __getattr__(name):
+    # ``hlo_guard.tf.keras`` (Keras fit integration) is imported on first use:
+    # importing Keras is slow and not every TF user has it
+    if name == "keras":
+        import importlib
+        return importlib.import_module("hlo_guard.tf.keras")
+    raise AttributeError(f"module 'hlo_guard.tf' has no attribute {name!r}")

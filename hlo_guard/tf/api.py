@@ -41,6 +41,7 @@ class GuardedTFFunction:
     def __init__(self, fn: Callable, input_signature=None):
         _check_callable(fn, "hlo_guard.tf.guard")
         self.fn = fn
+        self.input_signature = input_signature
         self.python_function = _python_function(fn)
         # the user's function as a tf.function, used only to trace it
         self._tracer = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
@@ -57,6 +58,8 @@ class GuardedTFFunction:
         # (``__signature__`` also keeps ``inspect.signature`` working although
         # ``__get__`` makes instances look like method descriptors)
         _copy_signature(self, self.python_function)
+        if not hasattr(self, "__name__"):  # a Keras model or layer, a callable object
+            self.__name__ = getattr(fn, "name", None) or type(fn).__name__
 
     # -- tracing ---------------------------------------------------------------------
     def _flat_tensor_args(self, args, kwargs):
@@ -107,11 +110,28 @@ class GuardedTFFunction:
         return self.wrapper(*args, **kwargs)
 
     def __get__(self, obj, objtype=None):
-        """Used as a method decorator: bind the instance as the first argument."""
+        """Used as a method decorator: the guard of the method bound to ``obj``.
+
+        Like ``tf.function``'s own binding: one guard per instance (cached on
+        it), built on the bound method, so that ``input_signature`` describes
+        the arguments after ``self``.  It is returned as its ``tf.function``
+        (``.hlo_guard`` is the guard), which is what ``tf.saved_model.save``
+        looks for on a ``tf.Module``.
+        """
         if obj is None:
             return self
-        import functools
-        return functools.partial(self, obj)
+        cache = getattr(obj, "__dict__", None)
+        if cache is None or not hasattr(self.fn, "__get__"):  # bind by hand, unsaveable
+            import functools
+            return functools.partial(self, obj)
+        key = f"_hlo_guard_bound_{id(self)}"
+        bound = cache.get(key)
+        if bound is None:
+            guarded = GuardedTFFunction(self.fn.__get__(obj, type(obj)), self.input_signature)
+            bound = guarded.wrapper
+            bound.hlo_guard = guarded
+            cache[key] = bound  # plain dict entry: not tracked by tf.Module/Keras
+        return bound
 
     def get_concrete_function(self, *args, **kwargs):
         return self.wrapper.get_concrete_function(*args, **kwargs)
@@ -126,8 +146,8 @@ class GuardedTFFunction:
 
     def report(self, *args, **kwargs):
         """A :class:`passes.report.Report` of the guards for these arguments."""
-        from hlo_guard.tf.report import build_report
-        return build_report(self.record_for(*args, **kwargs), self.__name__)
+        from hlo_guard.tf.report import report
+        return report(self, *args, **kwargs)
 
     explain = report
 
@@ -181,12 +201,21 @@ def guarded_function(fn: Optional[Callable] = None, *, jit_compile=True, input_s
         raise GuardUsageError(
             f"guarded_function got unexpected keyword argument(s) {unknown}; "
             f"tf.function accepts {sorted(known - {'func'})}")
-    guarded = GuardedTFFunction(fn, input_signature)
+    # the signature is the outer tf.function's: it also knows, used as a method
+    # decorator, that it describes the arguments after ``self``
+    guarded = GuardedTFFunction(fn, None)
 
     def call(*args, **kwargs):
         return guarded.wrapper(*args, **kwargs)
     _copy_signature(call, guarded.python_function)
+    # tf.function copies it onto the Function it binds to an instance (methods)
+    call.hlo_guard = guarded
 
+    # ``call`` has no Python control flow to convert, and autograph would try to
+    # parse it as a lambda when the user's function is one (it carries the name
+    # ``<lambda>``), logging a warning; the user's own function is converted
+    # when the guard traces it
+    tf_function_kwargs.setdefault("autograph", False)
     outer = tf.function(call, jit_compile=jit_compile, input_signature=input_signature,
                         **tf_function_kwargs)
     outer.hlo_guard = guarded

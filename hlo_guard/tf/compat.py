@@ -93,3 +93,20 @@ def graph_function(graph, name: str):
     """The function ``name`` registered in ``graph`` (a loop body), to read its
     ``FunctionDef``; a ``tf.Graph`` lists its functions only privately."""
     return graph._get_function(name)  # pylint: disable=protected-access
+
+
+# -- Keras 3 internals (hlo_guard.tf.keras) ----------------------------------------
+
+def unscale_loss_for_distribution(loss):
+    """Keras's own un-scaling of a loss before its loss tracker sees it; the
+    guarded ``train_step`` repeats Keras's TF ``train_step`` step by step, and
+    Keras 3 does not export this helper."""
+    from keras.src.losses.loss import unscale_loss_for_distribution as unscale
+    return unscale(loss)
+
+
+def keras_tensorflow_trainer():
+    """Keras's TF trainer class, to tell whether a model still has Keras's own
+    ``train_step`` (no public name for it in Keras 3)."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    return TensorFlowTrainer

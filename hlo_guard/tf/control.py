@@ -54,12 +54,30 @@ def _branch_out_liveness(graph, analysis, op):
     return out
 
 
+def _body_tangents(graph, forward, suspect_values, op):
+    """(argument tangents, suspect flags, description) of ``op``'s bodies
+    for their forward analysis, or None without a forward analysis."""
+    if forward is None:
+        return None
+    from hlo_guard.tf.rules.control_flow import body_tangents
+    node = graph.index[op.name]
+    lvs, suspect = body_tangents(forward, node, op)
+    first = _FIRST_BODY_INPUT[op.type]
+    names = graph.node_inputs(node)[first:]
+    suspect = [bool(s) or (suspect_values is not None and v in suspect_values)
+               for s, v in zip(suspect, names)]
+    return list(lvs), suspect, f"'{op.type}' '{graph.user_name(op.name)}'"
+
+
 def guard_bodies(graph, library, body_locations=None,
-                 depth: int = 0, analysis=None) -> List[Tuple[str, str, object]]:
+                 depth: int = 0, analysis=None, forward=None,
+                 suspect_values=None) -> List[Tuple[str, str, object]]:
     """Rewrite the bodies of every control-flow op of ``graph`` (a TFGraph).
 
     Returns ``[(op name, attr, BuildRecord of the guarded body)]`` for bodies
-    that got at least one guard (for the report).
+    that got at least one guard (for the report).  ``forward`` (the graph's
+    forward analysis) and ``suspect_values`` give the bodies their
+    arguments' tangents (:mod:`hlo_guard.tf.rules.control_flow`).
     """
     fdefs = {f.signature.name: f for f in library.function}
     results = []
@@ -68,6 +86,7 @@ def guard_bodies(graph, library, body_locations=None,
         if not attrs or depth > 8:
             continue
         inputs = op.inputs[_FIRST_BODY_INPUT[op.type]:]
+        tangents = _body_tangents(graph, forward, suspect_values, op)
         for attr in attrs:
             value = op.get_attr(attr)
             funcs = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -79,7 +98,8 @@ def guard_bodies(graph, library, body_locations=None,
                     continue
                 new_name, record = guard_function(fdef, inputs, library,
                                                   body_locations or {}, depth,
-                                                  _branch_out_liveness(graph, analysis, op))
+                                                  _branch_out_liveness(graph, analysis, op),
+                                                  tangents)
                 label = attr if len(funcs) == 1 and not isinstance(value, (list, tuple)) \
                     else f"{attr}[{k}]"
                 if new_name is None:
@@ -110,7 +130,8 @@ def _changed(record) -> bool:
         _changed(sub) for _, _, sub in record.nested)
 
 
-def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=None):
+def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=None,
+                   tangents=None):
     """(name of a guarded copy of ``fdef`` added to the current graph, record),
     or (None, record) when the body needs no guard."""
     from hlo_guard.tf.rewrite import build_body  # circular: rewrite calls guard_bodies
@@ -127,7 +148,7 @@ def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=No
     def body(*args):
         outputs, record = build_body(body_def, in_names, out_names, args, library,
                                      body_locations, fdef.signature.name, depth + 1,
-                                     out_liveness)
+                                     out_liveness, tangents)
         holder["record"] = record
         return outputs
 

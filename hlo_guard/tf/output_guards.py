@@ -18,12 +18,12 @@ exactly as the JAX front end does.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
-from passes.lattice import LIVE
+from passes.lattice import LIVE, Liveness
 from passes.masks import ALL, NONE, ForwardMaskResolver
 from passes.planning import OutputGuardSite, plan_output_guards
 
@@ -62,10 +62,15 @@ class ForwardView:
         return getattr(self._graph, name)
 
 
-def plan(graph: TFGraph, analysis: Analysis):
-    """(forward analysis, output guard sites) of one imported graph."""
+def plan(graph: TFGraph, analysis: Analysis, in_tangents: Optional[Dict[str, Liveness]] = None):
+    """(forward analysis, output guard sites) of one imported graph.
+
+    ``in_tangents``: tangent liveness of some inputs by tensor name (a
+    control-flow body's arguments, from the caller's analysis); other inputs
+    are fully live."""
     view = ForwardView(graph)
-    fa = analyze_forward(view, RULES, [LIVE] * len(view.graph_inputs()))
+    given = in_tangents or {}
+    fa = analyze_forward(view, RULES, [given.get(v, LIVE) for v in view.graph_inputs()])
     return fa, plan_output_guards(analysis, fa)
 
 
@@ -81,6 +86,7 @@ def apply(builder, fa: ForwardAnalysis, sites: Sequence[OutputGuardSite],
     from hlo_guard.tf.rewrite import AppliedGuard, ShadowUnavailable  # rewrite imports us
 
     graph = builder.graph
+    builder.forward = fa  # rules whose masks need the analysis' notes (control flow)
     resolver = ForwardMaskResolver(
         fa, ALGEBRA, {}, lambda node, ins: _output_masks(builder, node, ins), graph.producer)
     planned = []

@@ -13,7 +13,8 @@ TF's error text for a bad stage does not list it).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -62,14 +63,14 @@ def _origins(graph, liveness):
     return records
 
 
-def build_report(record: BuildRecord, function: str) -> Report:
+def build_report(record: BuildRecord, function: str) -> "TFReport":
     if record.fallback:
-        return Report("tensorflow", function,
+        return TFReport("tensorflow", function,
                       [SiteRecord("unguarded", function, function, reason=record.fallback)],
                       extra={"rule_table": RULES.name})
     sites: list = []
     _collect(record, "", sites)
-    return Report("tensorflow", function, sites,
+    return TFReport("tensorflow", function, sites,
                   extra={"ops": record.graph.node_count(), "rule_table": RULES.name})
 
 
@@ -115,9 +116,37 @@ def _guard_of(fn):
         f"expected a function made by hlo_guard.tf.guard or guarded_function, got {fn!r}")
 
 
-def report(fn, *args, **kwargs) -> Report:
-    """The guard report of ``fn`` (a guard or guarded_function) for these arguments."""
-    return _guard_of(fn).report(*args, **kwargs)
+def report(fn, *args, **kwargs) -> "TFReport":
+    """The guard report of ``fn`` (a guard or guarded_function) for these arguments;
+    ``.dumps(level, program, show)`` shows XLA's view of the original and guarded
+    programs, as the JAX report does."""
+    guarded = _guard_of(fn)
+    # guarded_function used as a method: tf.function bound ``self`` through a
+    # TfMethodTarget, and the guard inside sees ``self`` as its first argument
+    target = getattr(getattr(fn, "__wrapped__", None), "__self__", None)
+    if hasattr(target, "target") and hasattr(target, "weakrefself_func__"):
+        args = (target.target,) + tuple(args)
+    result = build_report(guarded.record_for(*args, **kwargs), guarded.__name__)
+    if not kwargs:  # XLA dumps take positional tensors
+        from hlo_guard.inspect.explain_tf import TFDumps
+        result._dumps = TFDumps(guarded, args).show
+    return result
+
+
+@dataclass
+class TFReport(Report):
+    """The TF guard report, with the dumps of the program it describes."""
+    _dumps: Optional[Callable[..., str]] = field(default=None, repr=False, compare=False)
+
+    def dumps(self, level: str = "stablehlo", program: str = "forward",
+              show: str = "diff") -> str:
+        """XLA's view at ``level`` (``stablehlo`` as lowered, ``hlo`` optimized) of
+        ``program`` (``forward``, or ``grad``: the gradient of the sum of the
+        outputs); ``show`` one of ``diff``, ``original``, ``guarded``, ``both``."""
+        if self._dumps is None:
+            raise GuardUsageError("dumps need the report of positional arguments: "
+                                  "hlo_guard.tf.report(f, *args)")
+        return self._dumps(level=level, program=program, show=show)
 
 
 def _sum_outputs(out):

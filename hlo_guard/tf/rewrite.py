@@ -33,6 +33,7 @@ import tensorflow as tf
 from hlo_guard.tf import compat
 
 from passes.analysis import Analysis, analyze
+from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
 from passes.rules import BroadcastOperandRule
 from passes.planning import GuardSite, UnguardedSite, plan_guards
@@ -295,17 +296,23 @@ def _same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
 
 
 def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth,
-                 out_liveness=None):
-    from hlo_guard.tf import output_guards
+                 out_liveness=None, in_tangents=None, tangent_seeds=None):
+    """``in_tangents``/``tangent_seeds``: a body's argument tangents and the
+    arguments whose lanes are not known inside (:mod:`hlo_guard.tf.tangent_gaps`)."""
+    from hlo_guard.tf import output_guards, tangent_gaps
     graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
     analysis = analyze(graph, RULES, out_liveness)
-    forward, out_sites = output_guards.plan(graph, analysis)
+    forward, out_sites = output_guards.plan(graph, analysis, in_tangents)
     builder = Builder(graph, analysis, output_guards.output_nodes(out_sites))
     record = builder.apply()
     outputs = [builder.replaced.get(t.name, t) for t in outputs]
     outputs = output_guards.apply(builder, forward, out_sites, outputs)
+    suspect, gaps = tangent_gaps.unguarded_sites(forward.graph, forward, analysis,
+                                                 tangent_seeds or {})
+    record.unguarded.extend(gaps)
     from hlo_guard.tf.control import guard_bodies
-    record.nested = guard_bodies(graph, library, body_locations, depth, analysis)
+    record.nested = guard_bodies(graph, library, body_locations, depth, analysis,
+                                 forward, suspect)
     return outputs, record
 
 
@@ -317,10 +324,21 @@ def build_guarded(traced: TracedFunction, flat_args: Sequence[tf.Tensor]):
 
 
 def build_body(graph_def, in_names, out_names, args, library, body_locations, name, depth,
-               out_liveness=None):
+               out_liveness=None, tangents=None):
     """The same for a control-flow body (its outputs fully live unless
-    ``out_liveness`` says which are unused)."""
+    ``out_liveness`` says which are unused; ``tangents``: (liveness, suspect
+    flags, description of the op) of its arguments' tangents, for forward mode)."""
     ops, outputs, prefix = _import(graph_def, dict(zip(in_names, args)), out_names,
                                    "hlo_guard_body")
+    in_tangents = seeds = None
+    if tangents is not None:
+        from hlo_guard.tf.tangent_gaps import body_seeds
+        lvs, suspect, where = tangents
+        names = [a.name for a in args]
+        # a variable handle's reads have a live tangent whatever the caller's
+        # analysis says about the handle (it may be an accumulator primal)
+        in_tangents = {n: LIVE if a.dtype == tf.resource else lv
+                       for n, a, lv in zip(names, args, lvs)}
+        seeds = body_seeds(names, list(lvs), list(suspect), where)
     return _guard_graph(ops, outputs, library, body_locations.get(name, {}), body_locations,
-                        prefix, depth, out_liveness)
+                        prefix, depth, out_liveness, in_tangents, seeds)

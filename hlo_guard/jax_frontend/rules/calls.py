@@ -1,7 +1,7 @@
 """Calls and control flow.
 
-* ``jit`` (every ``jnp.where`` is one), ``closed_call``, ``core_call``,
-  ``remat2``: the body is analysed with the liveness of the call's outputs and
+* ``jit`` (every ``jnp.where`` is one), ``closed_call``, ``remat2``
+  (``jax.checkpoint``): the body is analysed with the liveness of the call's outputs and
   its inputs get the liveness of the body's inputs.  The interpreter keeps the
   boundary and re-binds the call with a guarded body (passing the output masks
   in as extra arguments when some outputs are partly dead).
@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import weakref
 
-from passes.lattice import LIVE, NO_DERIVATIVE, join_all
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
+from passes.masks import NONE
 
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
+from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
+
+_STRUCTURE_NOTE = "_custom_call_structure"
 
 #: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
 #: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
@@ -66,18 +70,14 @@ def open_jaxpr(obj):
 
 CALL_BODY_PARAM = {
     "jit": "jaxpr",
-    "pjit": "jaxpr",
     "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
     "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
 }
 
 #: calls whose body the interpreter rewrites (custom-derivative calls are not)
-REWRITTEN_CALLS = {"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"}
+REWRITTEN_CALLS = {"jit", "closed_call", "remat2"}
 
 
 def body_of(eqn):
@@ -214,24 +214,56 @@ class CustomCall(JaxRule):
     output lane ``i`` is.  Anything else is fully live (conservative).  Guarding
     the inputs with those masks absorbs whatever the rule computes in dead
     lanes -- the dead ``xlogy`` under a ``where``.
+
+    A call that is not lane-wise but whose body only moves, broadcasts,
+    reduces and computes elementwise (a custom-jvp norm ``sqrt(sum(v*v, -1))``)
+    has no selection a rule could disagree with: its reduce/broadcast structure
+    is exactly which input lanes feed which output lanes, so its masks come
+    from the body's liveness, as for a plain call (the body is still never
+    rewritten; only the call's inputs are guarded).
     """
     kind = "custom-call"
     guards = True
+
+    _structure = Call(guards=True)
 
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         out = joined(outs)
         if not out.reaches_output:
             return [NO_DERIVATIVE] * len(eqn.invars)
-        if out.is_live or not is_lanewise_call(eqn):
+        if out.is_live:
             return [LIVE] * len(eqn.invars)
-        return [out.without_partition()] * len(eqn.invars)
+        if is_lanewise_call(eqn):
+            return [out.without_partition()] * len(eqn.invars)
+        if is_selection_free_call(eqn):
+            lvs = self._structure.transfer(analysis, node, outs)
+            mark_mask_only(analysis.subs[(node, 0)])
+            return lvs
+        body, _ = body_of(eqn)
+        if not body_structure_known(body):
+            return [LIVE] * len(eqn.invars)
+        # a body that also selects (optax's weighted_logsoftmax): its
+        # reduce/broadcast structure, with the selections read as joins
+        sub = analyze_body(body, scope_name(analysis.graph.scope, eqn), outs)
+        analysis.notes[(_STRUCTURE_NOTE, node)] = sub
+        return [sub.value_liveness(v).without_partition() for v in body.invars]
 
     def input_masks(self, mctx, node, eqn, out_masks):
         from passes.masks import ALL
         from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
         if not is_lanewise_call(eqn):
-            return [ALL] * len(eqn.invars)
+            if is_selection_free_call(eqn) and (node, 0) in mctx.analysis.subs:
+                return self._structure.input_masks(mctx, node, eqn, out_masks)
+            sub = mctx.analysis.notes.get((_STRUCTURE_NOTE, node))
+            if sub is None:
+                return [ALL] * len(eqn.invars)
+            from hlo_guard.jax_frontend.interpreter import Scope
+            body, consts = body_of(eqn)
+            child = Scope(sub, consts, [], list(out_masks), parent=mctx,
+                          parent_inputs=dict(zip(body.invars, eqn.invars)))
+            return LazyMasks(lambda i: child.resolver.value_mask(body.invars[i]),
+                             len(body.invars))
         shape = tuple(eqn.outvars[0].aval.shape)
         out = or_all(broadcast_to(m, shape) for m in out_masks)
         return LazyMasks(lambda i: reduce_to_shape(out, shape, tuple(eqn.invars[i].aval.shape)),
@@ -240,17 +272,126 @@ class CustomCall(JaxRule):
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
         if not is_lanewise_call(eqn):
+            if is_selection_free_call(eqn):
+                return self._structure.forward(fa, node, ins)
             return [LIVE] * len(eqn.outvars)
-        return [join_all(ins)] * len(eqn.outvars)
+        joined_in = join_all(ins)
+        if joined_in.reaches_output and _rule_may_zero_lanes(eqn):
+            # relu: the rule's tangent is an exact zero where the body selects
+            # the constant; which lanes those are, only the rule can tell
+            joined_in = Liveness(Level.PARTIAL,
+                                 merge_origins(joined_in.origins, ())).with_origin(
+                fa.graph.origin(node))
+        return [joined_in] * len(eqn.outvars)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         from passes.masks import ALL
         from hlo_guard.jax_frontend.mask_ops import broadcast_to
         if not is_lanewise_call(eqn):
+            if is_selection_free_call(eqn):
+                return self._structure.forward_masks(mctx, node, eqn, in_masks)
             return [ALL] * len(eqn.outvars)
         shape = tuple(eqn.outvars[0].aval.shape)
         m = or_all(broadcast_to(x, shape) for x in in_masks)
-        return [m] * len(eqn.outvars)
+        if m is NONE or not _rule_may_zero_lanes(eqn):
+            return [m] * len(eqn.outvars)
+        return probe_rule_tangents(mctx, eqn, in_masks)
+
+
+def _rule_may_zero_lanes(eqn) -> bool:
+    """A lane-wise ``custom_jvp`` call whose primal body selects (``relu`` is
+    ``max(x, 0)``): its rule may give an exact zero tangent in some lanes."""
+    if eqn.primitive.name != "custom_jvp_call":
+        return False
+    return _body_selects(body_of(eqn)[0])
+
+
+def _body_selects(jaxpr) -> bool:
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        if name in ("select_n", "max", "min", "clamp"):
+            return True
+        if name in CALL_BODY_PARAM and _body_selects(body_of(e)[0]):
+            return True
+    return False
+
+
+def probe_rule_tangents(mctx, eqn, in_masks):
+    """Tangent masks of a lane-wise ``custom_jvp`` call's outputs, from its own
+    rule: JVP the call at its (gradient-stopped) operands with tangent =
+    operand ``k``'s mask, one operand at a time.  Lane-wise, an output lane's
+    tangent is ``sum_k c_k * t_k``; probing each ``k`` alone, nothing cancels,
+    and a lane is structurally zero iff every ``c_k`` there is exactly 0 (a
+    NaN/inf ``c_k`` counts as live: a genuine singularity stays visible)."""
+    import jax
+    from hlo_guard.jax_frontend.graph import is_inexact_aval
+    from hlo_guard.jax_frontend.interpreter import bind_eqn, stop_if_inexact
+    from hlo_guard.jax_frontend.mask_ops import materialize, normalize
+    vals = [stop_if_inexact(mctx.value(v)) for v in eqn.invars]
+    diff = [k for k, v in enumerate(eqn.invars)
+            if not is_literal(v) and is_inexact_aval(v.aval) and in_masks[k] is not NONE]
+    found = [None] * len(eqn.outvars)
+    for k in diff:
+        def of_k(xk, k=k):
+            args = list(vals)
+            args[k] = xk
+            return bind_eqn(eqn, args)
+        aval = eqn.invars[k].aval
+        tangent = materialize(in_masks[k], tuple(aval.shape))
+        tangent = jax.numpy.asarray(tangent).astype(aval.dtype)
+        _, outs = jax.jvp(of_k, (vals[k],), (tangent,))
+        for j, o in enumerate(outs):
+            if o.dtype == jax.dtypes.float0 or not is_inexact_aval(eqn.outvars[j].aval):
+                continue
+            live = o != 0
+            found[j] = live if found[j] is None else (found[j] | live)
+    return [NONE if m is None else normalize(m) for m in found]
+
+
+#: ``Analysis.notes`` key of a body analysed only to compute masks (a custom
+#: call's primal body, never rewritten): its guard sites are not applied, so
+#: reports must not list them.
+MASK_ONLY = "_mask_only"
+
+
+def mark_mask_only(analysis) -> None:
+    stack = [analysis]
+    while stack:
+        a = stack.pop()
+        a.notes[MASK_ONLY] = True
+        stack.extend(a.subs.values())
+
+
+_STRUCTURE_KINDS = ("elementwise", "zero-derivative", "structural", "pass-through", "linear")
+_SELECTION_FREE_CACHE = {}
+
+
+def is_selection_free_call(eqn) -> bool:
+    """The custom call's primal body (and the plain calls inside it) holds only
+    elementwise, structural and pass-through operations: no selection, no
+    control flow, nothing unruled -- its liveness is pure data flow."""
+    return _selection_free(body_of(eqn)[0])
+
+
+def _selection_free(jaxpr) -> bool:
+    key = id(jaxpr)
+    hit = _SELECTION_FREE_CACHE.get(key)
+    if hit is not None and hit[0] is jaxpr:
+        return hit[1]
+    from hlo_guard.jax_frontend.rules import RULES
+    ok = True
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        if name in REWRITTEN_CALLS:
+            ok = _selection_free(body_of(e)[0])
+        else:
+            rule = RULES.get(name)
+            ok = rule is not None and rule.kind in _STRUCTURE_KINDS \
+                and not getattr(rule, "value_dependent", False)
+        if not ok:
+            break
+    _SELECTION_FREE_CACHE[key] = (jaxpr, ok)
+    return ok
 
 
 _LANEWISE_KINDS = ("elementwise", "zero-derivative")
@@ -309,7 +450,7 @@ _TABLE: list = []
 
 def register(table):
     _TABLE[:] = [table]
-    table.register(["jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint"],
+    table.register(["jit", "closed_call", "remat2"],
                    Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
     table.register(["cond", "while", "scan", "shard_map"], ControlFlow())

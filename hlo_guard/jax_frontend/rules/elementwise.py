@@ -76,8 +76,8 @@ class ZeroDerivative(passes_rules.ZeroDerivative, JaxRule):
 
 # Derivative is a finite constant: a zero cotangent stays exactly zero.
 LINEAR_ELEMENTWISE = [
-    "add", "sub", "neg", "add_any", "convert_element_type", "copy", "copy_p",
-    "reduce_precision", "real", "imag", "complex", "conj", "optimization_barrier",
+    "add", "sub", "neg", "add_any", "convert_element_type",
+    "reduce_precision", "real", "imag", "complex", "conj",
 ]
 
 # Local derivative may be non-finite (or is another operand that may be).
@@ -87,7 +87,7 @@ NONLINEAR_ELEMENTWISE = [
     "cos", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh",
     "atan2", "abs", "erf", "erfc", "erf_inv", "lgamma", "digamma", "igamma",
     "igammac", "igamma_grad_a", "polygamma", "zeta", "bessel_i0e", "bessel_i1e",
-    "regularized_incomplete_beta", "random_gamma_grad", "nextafter",
+    "regularized_incomplete_beta", "nextafter",
 ]
 
 ZERO_DERIVATIVE = [
@@ -98,7 +98,7 @@ ZERO_DERIVATIVE = [
     "iota", "reduce_and", "reduce_or", "reduce_xor", "random_bits",
     "random_seed", "random_wrap", "random_unwrap", "random_fold_in",
     "random_split", "threefry2x32", "rng_bit_generator", "rng_uniform",
-    "bitcast_convert_type", "top_k_indices", "lu_pivots_to_permutation",
+    "bitcast_convert_type", "lu_pivots_to_permutation", "zeros_like",
 ]
 
 

@@ -147,7 +147,11 @@ class _LinearProbe:
 def _finish(mask, static):
     if mask is None:
         return NONE
-    return normalize(np.asarray(mask)) if static else normalize(mask)
+    if static and not isinstance(mask, jax.core.Tracer):
+        return normalize(np.asarray(mask))
+    # Inside a shard_map body even a compile-time evaluation comes back traced
+    # (an invariant array): use it as it is, never pull it into numpy.
+    return normalize(mask)
 
 
 def transpose_masks(mctx, eqn, out_masks, *, value_dependent=False, bilinear=False,
@@ -341,14 +345,14 @@ def _as_cumsum(eqn):
 
 def register(table):
     same = Structural()
-    table.register(["broadcast_in_dim", "reshape", "squeeze", "expand_dims",
+    table.register(["broadcast_in_dim", "reshape", "squeeze",
                     "transpose", "rev", "concatenate", "reduce_sum", "cumsum",
                     "tile", "stack"], same)
     table.register("slice", Structural(_slice_drops))
     table.register("dynamic_slice", Structural(_dynamic_slice_drops))
     table.register("dynamic_update_slice", Structural(_first_operand_drops))
     table.register("gather", Structural(_always))
-    table.register(["scatter-add", "scatter_add", "scatter-sub", "scatter_sub"],
+    table.register(["scatter-add", "scatter-sub"],
                    Structural(lambda eqn, i: i != 0))
     table.register("scatter", Structural(_always))
     table.register("pad", Structural(_pad_drops))

@@ -3,7 +3,7 @@ from typing import Optional
 
 from passes.rules import Rule, RuleTable
 
-from hlo_guard.tf.rules import elementwise, selection, structural
+from hlo_guard.tf.rules import control_flow, elementwise, selection, structural
 
 
 class TFRuleTable(RuleTable):
@@ -23,5 +23,6 @@ RULES = TFRuleTable("tensorflow")
 elementwise.register(RULES)
 selection.register(RULES)
 structural.register(RULES)
+control_flow.register(RULES)
 
 __all__ = ["RULES"]

@@ -31,6 +31,7 @@ from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, to_float
 from hlo_guard.tf.opcopy import copy_op
 from hlo_guard.tf.rules.base import TFRule, dropping, forward_placed, joined
+from hlo_guard.tf.tangent_gaps import is_partly_zero, note_unfollowed
 
 
 def _never(op, i):
@@ -321,6 +322,19 @@ class Conservative(passes_rules.Conservative, TFRule):
                 node, self.reason + "; some of its outputs are unused, so the lanes that "
                 "reach only them are dead", partial_by(analysis.graph.origin(node)))
 
+    def forward(self, fa, node, ins):
+        """Outputs fully live (never hides a NaN), but a partly structurally
+        zero tangent arriving here is lost: noted, so that a singular op
+        downstream is reported instead of called clean."""
+        graph = fa.graph
+        if any(is_partly_zero(lv) for v, lv in zip(graph.node_inputs(node), ins)
+               if graph.carries_derivative(v)):
+            note_unfollowed(fa, node, f"'{graph.op_name(node)}' "
+                            f"'{graph.user_name(graph.op(node).name)}' (not followed in "
+                            "forward mode: a partly structurally zero tangent enters it and "
+                            "its outputs are taken as fully live)")
+        return [LIVE] * len(graph.node_outputs(node))
+
 
 class Unknown(Conservative):
     """The fallback for op types without a rule (see :class:`TFRuleTable`).
@@ -345,6 +359,14 @@ class Unknown(Conservative):
             return [LIVE] * len(op.inputs)
         self.reason = f"no rule for primitive '{name}'"
         return super().transfer(analysis, node, outs)
+
+    def forward(self, fa, node, ins):
+        """No rule: the op may zero lanes itself (``MatrixBandPart``)."""
+        graph = fa.graph
+        note_unfollowed(fa, node, f"'{graph.op_name(node)}' "
+                        f"'{graph.user_name(graph.op(node).name)}' (no rule: forward mode "
+                        "takes its outputs as fully live; lanes it zeroes itself are not known)")
+        return [LIVE] * len(graph.node_outputs(node))
 
 
 def _drops_through_unused_output(analysis, node, outs) -> bool:
@@ -446,10 +468,7 @@ def register(table):
                  "Cholesky", "MatrixInverse", "MatrixDeterminant", "Svd", "Qr",
                  "SelfAdjointEigV2", "FusedBatchNormV3", "FusedBatchNorm"]:
         table.register(name, Conservative(f"{name}: lanes mix nonlinearly; inputs kept fully live"))
-    boundary = ("control flow '{}': its bodies are guarded inside, but dead lanes "
-                "are not followed across the boundary; its inputs are kept fully live")
-    for name in ["If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"]:
-        table.register(name, Conservative(boundary.format(name)))
+    # If/Case/While: hlo_guard.tf.rules.control_flow (forward mode reads their bodies)
     # TensorList (TensorArray, map_fn, autograph loops): its lanes live in a
     # variant handle; dead lanes arriving here are not followed into the list
     # (and so not across the loop boundary that carries it)

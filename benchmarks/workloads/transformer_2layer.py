@@ -1,0 +1,102 @@
+"""Workload 6: a two-layer pre-LayerNorm transformer with a masked
+cross-entropy loss -- the "real model" shape of issue 11.
+
+Layer norm is written without an epsilon and made safe with
+``where(var > 0, (x - mu) * rsqrt(var), 0)``; padding tokens are zero vectors
+(no input bias), so their variance is 0 and the plain gradient is NaN.  The
+attention scores are masked with ``where`` (causal and key padding), the GELU
+MLP is residual, and the loss is a next-token cross entropy averaged over the
+real tokens with ``where``.  Differs from ``transformer_block`` (one block,
+RMS norm, squared-output loss) in depth, the norm's mean subtraction, and the
+``log_softmax`` loss.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.workloads.base import Workload
+
+NEG = -1e9
+LAYERS = 2
+
+
+def _layer_norm(x):
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mu) ** 2, axis=-1, keepdims=True)
+    return jnp.where(var > 0, (x - mu) * jax.lax.rsqrt(var), 0.0)
+
+
+def _layer_norm_dw(x):
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mu) ** 2, axis=-1, keepdims=True)
+    pos = var > 0
+    return jnp.where(pos, (x - mu) * jax.lax.rsqrt(jnp.where(pos, var, 1.0)), 0.0)
+
+
+def _attend(p, h, allowed, heads):
+    b, t, d = h.shape
+    dh = d // heads
+    q = (h @ p["wq"]).reshape(b, t, heads, dh)
+    k = (h @ p["wk"]).reshape(b, t, heads, dh)
+    v = (h @ p["wv"]).reshape(b, t, heads, dh)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dh)
+    s = jnp.where(allowed, s, NEG)
+    a = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(b, t, d) @ p["wo"]
+
+
+def _model(norm, params, x, targets, tok_mask):
+    heads = params["heads"].shape[0]
+    t = x.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    allowed = causal[None, None] & tok_mask[:, None, None, :]
+    h = x @ params["w_in"]
+    for p in params["layers"]:
+        h = h + _attend(p, norm(h) * p["g1"], allowed, heads)
+        h = h + jax.nn.gelu(norm(h) * p["g2"] @ p["w_up"]) @ p["w_down"]
+    logits = (norm(h) * params["g_out"]) @ params["w_vocab"]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(tok_mask, nll, 0.0)) / jnp.maximum(jnp.sum(tok_mask), 1)
+
+
+def loss(params, x, targets, tok_mask):
+    return _model(_layer_norm, params, x, targets, tok_mask)
+
+
+def loss_dw(params, x, targets, tok_mask):
+    return _model(_layer_norm_dw, params, x, targets, tok_mask)
+
+
+def make_inputs(size, seed=0):
+    batch, seq, d, heads, vocab = size
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)
+
+    layers = [{"g1": jnp.ones((d,), jnp.float32), "g2": jnp.ones((d,), jnp.float32),
+               "wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d),
+               "w_up": w(d, 4 * d), "w_down": w(4 * d, d)} for _ in range(LAYERS)]
+    params = {"w_in": w(d, d), "layers": layers, "g_out": jnp.ones((d,), jnp.float32),
+              "w_vocab": w(d, vocab), "heads": jnp.zeros((heads,), jnp.float32)}
+    lengths = rng.integers(seq // 2, seq + 1, size=batch)
+    lengths[0] = seq // 2                                   # at least one padded sequence
+    tok_mask = np.arange(seq)[None, :] < lengths[:, None]
+    x = rng.normal(size=(batch, seq, d)).astype(np.float32)
+    x[~tok_mask] = 0.0
+    targets = rng.integers(0, vocab, size=(batch, seq)).astype(np.int32)
+    return params, jnp.asarray(x), jnp.asarray(targets), jnp.asarray(tok_mask)
+
+
+WORKLOAD = Workload(
+    name="transformer_2layer",
+    description="2-layer pre-LN transformer, masked attention, masked cross entropy, grad",
+    loss=loss, loss_dw=loss_dw, make_inputs=make_inputs,
+    sizes={"tiny": [(2, 8, 16, 2, 11)], "quick": [(4, 64, 128, 4, 256)],
+           "full": [(8, 128, 256, 4, 1024)]},
+    rtol=1e-4, atol=1e-5,
+    size_label=lambda s: "B={},T={},D={},H={},V={}".format(*s),
+)

@@ -1,0 +1,43 @@
+"""Identity-like primitives: the value is unchanged, only its placement,
+sharding, varying-axes type or scheduling is.
+
+``device_put``, ``sharding_constraint``, ``reshard``, ``pvary``,
+``optimization_barrier``, ``shard_alike``, ``checkpoint_name`` (``name``) ...
+take n operands and return n outputs, output ``i`` being operand ``i``.  Their
+derivative is the identity on each pair, so a lane of operand ``i`` is live
+exactly where the same lane of output ``i`` is, and a zero cotangent stays
+zero: no guard is needed, the masks just flow through.  Without a rule they
+would be opaque (fully live), and one ``jax.device_put`` between a ``sqrt`` and
+its ``where`` would silently switch every guard off.
+"""
+from __future__ import annotations
+
+from hlo_guard.jax_frontend.rules.base import JaxRule
+
+
+class PassThrough(JaxRule):
+    kind = "pass-through"
+    guards = False
+
+    def transfer(self, analysis, node, outs):
+        return list(outs)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        return list(out_masks)
+
+    def forward(self, fa, node, ins):
+        return list(ins)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        return list(in_masks)
+
+
+#: one operand per output, output i is operand i (values unchanged)
+PASS_THROUGH = [
+    "device_put", "sharding_constraint", "reshard", "pvary", "copy",
+    "optimization_barrier", "shard_alike", "name", "layout_constraint",
+]
+
+
+def register(table):
+    table.register(PASS_THROUGH, PassThrough())

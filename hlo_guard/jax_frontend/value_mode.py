@@ -1,0 +1,130 @@
+"""Value mode: dead lanes replaced by a safe point, the literal double where.
+
+A gradient guard ``select(m, x, stop_gradient(x))`` changes no value, so a
+``sqrt`` of a negative dead lane still computes NaN in the forward program and
+its derivative still computes inf before the select zeroes it.  NaN checkers
+(``jax_debug_nans``/``jax_debug_infs``) see those intermediates and raise where
+the hand-written double where (``sqrt(where(m, x, 1))``) runs clean.  In value
+mode a guarded operand becomes ``select(m, x, safe)`` with a point where the
+primitive and its derivatives are finite (``sqrt``/``log``/``div`` -> 1,
+``arccos``/``arcsin``/``atanh`` -> 0 ...).
+
+That changes values, so it is allowed only where the dead lanes are *value*
+dead: dropped by a ``select_n`` case or never read by a data-movement op.  A
+lane that is only *gradient* dead -- the loser of ``max``/``min``/``clamp``,
+anything read by a comparison, ``argmax``, ``sort`` -- still decides the
+forward result (``max(log x, -5)`` must stay -5), so any use of that kind on
+the way from the guarded operation to the outputs makes the site fall back to
+the gradient guard.  The check is structural and conservative: only the
+primitives in ``VALUE_TRANSPARENT`` (whose gradient masks are exactly their
+value masks) and ``jit`` bodies are walked through; anything else stops it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+from hlo_guard.jax_frontend.graph import DropVar, Literal
+from hlo_guard.jax_frontend.rules.elementwise import LINEAR_ELEMENTWISE, NONLINEAR_ELEMENTWISE
+
+MODES = ("gradient", "value")
+
+# Safe points where they differ from 1 (the default for every guarded
+# nonlinear elementwise primitive): a value where the primitive and its
+# first and second derivatives are finite.
+_SAFE_POINTS = {
+    "acos": 0.0, "asin": 0.0, "atanh": 0.0, "erf_inv": 0.0, "tan": 0.0,
+    "acosh": 2.0, "exp": 0.0, "exp2": 0.0, "expm1": 0.0, "sinh": 0.0, "cosh": 0.0,
+}
+
+# Whose gradient mask is exactly "this lane's value reaches a live output".
+VALUE_TRANSPARENT = frozenset(LINEAR_ELEMENTWISE) | frozenset(NONLINEAR_ELEMENTWISE) | {
+    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "rev",
+    "concatenate", "reduce_sum", "cumsum", "tile", "stack", "slice", "dynamic_slice",
+    "gather", "pad",
+}
+_CALLS = ("jit", "pjit", "closed_call", "core_call")
+
+
+def check_mode(mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"guard mode must be one of {list(MODES)}, got {mode!r}")
+    return mode
+
+
+def safe_point(primitive_name: str):
+    """The substitute for dead lanes of an operand of this primitive, or None
+    when the primitive has none (the site keeps its gradient guard)."""
+    if primitive_name not in NONLINEAR_ELEMENTWISE:
+        return None
+    return _SAFE_POINTS.get(primitive_name, 1.0)
+
+
+def value_substitutable(analysis, node: int, nested: bool) -> bool:
+    """Whether every lane that node ``node``'s outputs carry to a dead output
+    lane is dead by value (select case, unread by data movement).
+
+    ``nested``: the graph is a call body whose outputs' masks come from a
+    caller we cannot see; reaching such an output is not allowed."""
+    memo: Dict[Tuple[int, int], bool] = analysis.notes.setdefault("_value_memo", {})
+    key = (node, int(nested))
+    if key not in memo:
+        memo[key] = all(_value_flows_ok(analysis, v, nested)
+                        for v in analysis.graph.node_outputs(node) if v is not None)
+    return memo[key]
+
+
+def _value_flows_ok(analysis, var, nested: bool) -> bool:
+    graph = analysis.graph
+    outs = graph.graph_outputs()
+    if nested and any(o is var for o in outs):
+        return False
+    seen = set()
+    stack = [var]
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if nested and any(o is v for o in outs):
+            return False
+        for node, index in _all_uses(analysis).get(v, ()):
+            eqn = graph.eqns[node]
+            name = eqn.primitive.name
+            if name == "select_n":
+                if index == 0:  # the predicate: its value decides the result
+                    return False
+            elif name in _CALLS:
+                sub = analysis.subs.get((node, 0))
+                if sub is None or not _through_call(sub, index):
+                    return False
+            elif name not in VALUE_TRANSPARENT:
+                return False
+            stack.extend(o for o in eqn.outvars if not isinstance(o, DropVar))
+    return True
+
+
+def _all_uses(analysis):
+    """Every use of every variable, including those the liveness analysis
+    skips because they carry no derivative (comparisons, ``argmax``): those are
+    exactly the uses whose *values* matter."""
+    uses = analysis.notes.get("_all_uses")
+    if uses is None:
+        uses = {}
+        for node, eqn in enumerate(analysis.graph.eqns):
+            for i, v in enumerate(eqn.invars):
+                if not isinstance(v, Literal):
+                    uses.setdefault(v, []).append((node, i))
+        analysis.notes["_all_uses"] = uses
+    return uses
+
+
+def _through_call(sub, index: int) -> bool:
+    """Inside a call body the walk continues from its ``index``-th input; the
+    body's outputs lead back to the call's outputs (walked by the caller)."""
+    invars = sub.graph.jaxpr.invars
+    if index >= len(invars):
+        return False
+    return _value_flows_ok(sub, invars[index], nested=False)
+
+
+__all__ = ["MODES", "check_mode", "safe_point", "value_substitutable"]

@@ -1,0 +1,278 @@
+"""Functional control flow (``If``/``Case``/``While``): tangents across the boundary.
+
+Reverse mode keeps these boundaries fully live (:class:`structural.Conservative`,
+reported when dead lanes arrive).  Forward mode needs more: a branch that
+returns a constant (``tf.cond(p, lambda: x, lambda: 0.)``) makes the ``If``
+output's tangent structurally zero whenever that branch is taken, and
+``sqrt`` downstream turns the zero into NaN under XLA.  So the forward half
+analyses each branch (or the loop body) with the tangent liveness of the
+op's inputs:
+
+- ``If``/``Case``: an output whose tangent is, in every branch, either fully
+  live or structurally zero gets the mask "the taken branch is one of the
+  live ones" -- a per-lane broadcast of the predicate (or branch index), so
+  an output guard downstream selects the tangent exactly as the double where
+  would.  A branch whose output is *partly* zero (its mask lives inside the
+  branch) or unknown is taken as fully live and noted (reported where it
+  reaches a singular op, :mod:`hlo_guard.tf.tangent_gaps`).
+- ``While``: the carried tangents' fixed point.  An output is fully live
+  when its initial tangent and the body's output are both fully live; an
+  accumulator that starts from a constant is live exactly when the loop ran
+  (``while_v2``'s counter moved: the mask).  Otherwise (a lane zeroed by
+  some iteration) it is taken as fully live and noted.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import tensorflow as tf
+
+from hlo_guard.tf import compat
+
+from passes.analysis import analyze_forward
+from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dead_by, partial_by
+from passes.masks import ALL
+
+from hlo_guard.tf.graph import TFGraph, carries_derivative
+from hlo_guard.tf.mask_ops import normalize
+from hlo_guard.tf.rules.structural import Conservative
+from hlo_guard.tf.tangent_gaps import body_seeds, note_unfollowed, tainted_values
+
+IFS = ("If", "StatelessIf")
+CASES = ("Case", "StatelessCase")
+WHILES = ("While", "StatelessWhile")
+#: ``ForwardAnalysis.notes`` keys
+BRANCHES = "branches"   # {node: [tuple of live branch indices, or None (output LIVE)]}
+CARRIED = "carried"     # {node: (tangent liveness of the body inputs, suspect flags)}
+RAN = "ran"             # {node: outputs whose tangent is live iff the loop ran once}
+
+#: rounds of the loop fixed point before giving up (the lattice is 3 levels high)
+MAX_ROUNDS = 6
+
+
+class BodyView(TFGraph):
+    """A function body as the forward analysis reads it: its arguments are
+    the graph inputs (their ``Placeholder`` ops are left out), in order."""
+
+    def __init__(self, func_graph):
+        args = {t.op.name for t in func_graph.inputs}
+        ops = [op for op in func_graph.get_operations() if op.name not in args]
+        super().__init__(ops, func_graph.outputs)
+        self.func_graph = func_graph
+        self._args = [t.name for t in func_graph.inputs]
+        for t in func_graph.inputs:
+            self.tensors.setdefault(t.name, t)
+            self._inexact.setdefault(t.name, _carries(t.dtype))
+
+    def graph_inputs(self) -> List[str]:
+        return self._args
+
+    def carries_derivative(self, value) -> bool:
+        return self._inexact.get(value, False)
+
+
+def _carries(dtype) -> bool:
+    """As :class:`hlo_guard.tf.output_guards.ForwardView`: a variable handle
+    may be a primal of the accumulator."""
+    return carries_derivative(dtype) or tf.as_dtype(dtype) == tf.resource
+
+
+def function_body(op: tf.Operation, name: str, inputs) -> BodyView:
+    """The body ``name`` called by ``op``, as a graph of its own."""
+    fn = op.graph._get_function(name)  # pylint: disable=protected-access
+    if fn is None:
+        raise LookupError(f"function {name!r} not found")
+    fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+    shapes = [t.shape for t in inputs]
+    return BodyView(compat.function_def_to_graph(fdef, input_shapes=shapes))
+
+
+def analyse_body(fa, body: BodyView, tangents: List[Liveness], where: str):
+    """(output tangent liveness, suspect flags) of one body for these input tangents."""
+    sub = analyze_forward(body, fa.rules, tangents)
+    seeds = body_seeds(body.graph_inputs(), tangents, [False] * len(tangents), where)
+    tainted, _ = tainted_values(body, sub, seeds)
+    outs = [sub.value_liveness(v) for v in body.graph_outputs()]
+    return outs, [v in tainted for v in body.graph_outputs()]
+
+
+def _branch_names(op) -> List[str]:
+    if op.type in IFS:
+        return [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
+    return [f.name for f in op.get_attr("branches")]
+
+
+class ControlFlow(Conservative):
+    """Reverse half as :class:`Conservative`; forward half through the bodies."""
+
+    def forward(self, fa, node, ins):
+        graph = fa.graph
+        op = graph.op(node)
+        n_out = len(graph.node_outputs(node))
+        where = f"'{op.type}' '{graph.user_name(op.name)}'"
+        try:
+            if op.type in WHILES:
+                return self._loop(fa, node, op, ins, where)
+            return self._branches(fa, node, op, ins, where)
+        except Exception as exc:  # pylint: disable=broad-except
+            # a body that cannot be read back is not guessed at
+            note_unfollowed(fa, node, f"{where} (its bodies could not be analysed: {exc})")
+            return [LIVE] * n_out
+
+    # -- If / Case -------------------------------------------------------------
+    def _branches(self, fa, node, op, ins, where):
+        graph = fa.graph
+        tangents = ins[1:]
+        per_branch = []
+        for name in _branch_names(op):
+            body = function_body(op, name, op.inputs[1:])
+            per_branch.append(analyse_body(fa, body, tangents, where))
+        pred = op.inputs[0]
+        selectable = pred.shape.rank == 0 and (op.type in CASES or pred.dtype == tf.bool)
+        outs: List[Liveness] = []
+        live_sets: List[Optional[tuple]] = []
+        unfollowed = []
+        for k, v in enumerate(graph.node_outputs(node)):
+            status = []  # per branch: True (live), False (zero), None (partly / unknown)
+            for out_lvs, suspect in per_branch:
+                lv = out_lvs[k]
+                if suspect[k]:
+                    status.append(None)
+                elif lv.is_live:
+                    status.append(True)
+                elif not lv.reaches_output or lv.is_dead:
+                    status.append(False)
+                else:
+                    status.append(None)
+            live_sets.append(None)
+            if all(s is True for s in status):
+                outs.append(LIVE)
+            elif all(s is False for s in status):
+                outs.append(dead_by(op.name) if any(t.reaches_output for t in tangents)
+                            else NO_DERIVATIVE)
+            elif None in status or not selectable:
+                unfollowed.append(k)
+                outs.append(LIVE)
+            else:
+                live_sets[k] = tuple(i for i, s in enumerate(status) if s)
+                outs.append(partial_by(op.name))
+        fa.notes.setdefault(BRANCHES, {})[node] = live_sets
+        if unfollowed:
+            note_unfollowed(fa, node, f"{where} (a branch's output tangent is partly "
+                            "structurally zero, with lanes known only inside the branch)",
+                            unfollowed)
+        return outs
+
+    # -- While -----------------------------------------------------------------
+    def _loop(self, fa, node, op, ins, where):
+        body = function_body(op, op.get_attr("body").name, op.inputs)
+        carried = list(ins)
+        for _ in range(MAX_ROUNDS):
+            outs, suspect = analyse_body(fa, body, carried, where)
+            joined = [c.join(o) for c, o in zip(carried, outs)]
+            if joined == carried:
+                break
+            carried = joined
+        else:
+            note_unfollowed(fa, node, f"{where} (its carried tangents did not settle)")
+            fa.notes.setdefault(CARRIED, {})[node] = (carried, [True] * len(carried))
+            return [LIVE] * len(carried)
+        counted = _has_loop_counter(body)
+        result, unfollowed, bad, after_first = [], [], [], []
+        for k, (init, out, c) in enumerate(zip(ins, outs, carried)):
+            variant = op.inputs[k].dtype == tf.variant
+            if not c.reaches_output:
+                result.append(NO_DERIVATIVE)
+                bad.append(False)
+            elif out.is_live and not suspect[k] and (init.is_live or variant):
+                # a TensorList accumulator starts without a tangent but every
+                # element the loop writes has one
+                result.append(LIVE)
+                bad.append(False)
+            elif out.is_live and not suspect[k] and not init.reaches_output and counted:
+                # an accumulator starting from a constant (``s = 0; s += f(x)``):
+                # live once the loop has run, zero if it ran zero times -- the
+                # loop counter tells which.  Inside the body its first
+                # iteration still reads the constant: suspect there.
+                result.append(partial_by(op.name))
+                after_first.append(k)
+                bad.append(True)
+            else:
+                result.append(LIVE)
+                unfollowed.append(k)
+                bad.append(True)
+        fa.notes.setdefault(CARRIED, {})[node] = (carried, bad)
+        fa.notes.setdefault(RAN, {})[node] = after_first
+        if unfollowed:
+            note_unfollowed(fa, node, f"{where} (a loop-carried tangent is structurally zero "
+                            "in some lanes after some iteration, or before the first)",
+                            unfollowed)
+        return result
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        fa = getattr(mctx, "forward", None)
+        notes = fa.notes if fa is not None else {}
+        live_sets = notes.get(BRANCHES, {}).get(node)
+        after_first = notes.get(RAN, {}).get(node) or ()
+        masks = []
+        for k, out in enumerate(op.outputs):
+            live = live_sets[k] if live_sets else None
+            if k in after_first:
+                # the counter (an int, no tangent) moved: the loop ran
+                taken = tf.not_equal(op.outputs[0], op.inputs[0])
+            elif live is None:
+                masks.append(ALL)
+                continue
+            else:
+                taken = self._taken_in(mctx, op, live)
+            shape = out.shape.as_list() if out.shape.is_fully_defined() else tf.shape(out)
+            masks.append(normalize(tf.broadcast_to(taken, shape)))
+        return masks
+
+    @staticmethod
+    def _taken_in(mctx, op, live: tuple) -> tf.Tensor:
+        """Scalar: the branch that runs is one of ``live``."""
+        selector = mctx.value(op.inputs[0])
+        if op.type in IFS:
+            return selector if live == (0,) else tf.logical_not(selector)
+        n = len(op.get_attr("branches"))
+        # Case runs the last branch for an out-of-range index
+        index = tf.where((selector >= 0) & (selector < n), selector, n - 1)
+        return tf.reduce_any(tf.equal(index, tf.constant(live, dtype=index.dtype)))
+
+
+def _has_loop_counter(body: BodyView) -> bool:
+    """Whether loop variable 0 is ``while_v2``'s counter: an int32 the body
+    returns as ``counter + 1`` (through identities)."""
+    func = body.func_graph
+    if not func.inputs or not func.outputs or func.inputs[0].dtype != tf.int32:
+        return False
+    t = func.outputs[0]
+    while t.op.type == "Identity":
+        t = t.op.inputs[0]
+    if t.op.type not in ("AddV2", "Add"):
+        return False
+    a, b = t.op.inputs
+    one = tf.get_static_value(b)
+    return a.name == func.inputs[0].name and one is not None and int(one) == 1
+
+
+def body_tangents(fa, node, op):
+    """(tangent liveness of a body's inputs, suspect flags) for guarding a
+    body of ``op``: the op's inputs for branches, the carried fixed point
+    for a loop (unknown: all live and suspect)."""
+    if op.type in WHILES:
+        carried = fa.notes.get(CARRIED, {}).get(node)
+        if carried is not None:
+            return carried
+        ins = fa.input_liveness(node)
+        return ins, [True] * len(ins)
+    ins = fa.input_liveness(node)[1:]
+    return ins, [False] * len(ins)
+
+
+def register(table):
+    boundary = ("control flow '{}': its bodies are guarded inside, but dead lanes "
+                "are not followed across the boundary; its inputs are kept fully live")
+    for name in IFS + CASES + WHILES:
+        table.register(name, ControlFlow(boundary.format(name)))
