@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hlo_guard import explain, guard, render
+from hlo_guard import explain, guard
+from hlo_guard.inspect import render
 from hlo_guard.jax_frontend import interpreter
 from hlo_guard.jax_frontend.rules import RULES, calls
 from hlo_guard.jax_frontend.rules.coverage import CONSERVATIVE_ON_PURPOSE
