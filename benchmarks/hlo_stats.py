@@ -11,12 +11,12 @@ count every ``select`` and say whether it sits in a fused computation (the
 body of a ``fusion`` instruction) or at the top level, where it would be its
 own pass over memory.
 """
+
 from __future__ import annotations
 
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List
 
 # "  %name = f32[3]{0} opcode(" or "  ROOT name = (f32[], s32[]) opcode(" -- the shape may
 # be a tuple with spaces, so match the opcode as the last word before "(" after "= ".
@@ -34,9 +34,9 @@ def _opcode(rest: str) -> str:
 
 @dataclass
 class HloStats:
-    opcodes: Counter = field(default_factory=Counter)          # every instruction, all computations
-    entry_opcodes: Counter = field(default_factory=Counter)    # top level only
-    fused_opcodes: Counter = field(default_factory=Counter)    # inside fusion bodies
+    opcodes: Counter = field(default_factory=Counter)  # every instruction, all computations
+    entry_opcodes: Counter = field(default_factory=Counter)  # top level only
+    fused_opcodes: Counter = field(default_factory=Counter)  # inside fusion bodies
     fusions: int = 0
 
     @property
@@ -51,16 +51,20 @@ class HloStats:
     def fused_selects(self) -> int:
         return self.fused_opcodes["select"]
 
-    def as_json(self) -> Dict:
-        return {"instructions": self.instructions, "fusions": self.fusions,
-                "selects": self.selects, "fused_selects": self.fused_selects,
-                "unfused_selects": self.selects - self.fused_selects,
-                "opcodes": dict(sorted(self.opcodes.items()))}
+    def as_json(self) -> dict:
+        return {
+            "instructions": self.instructions,
+            "fusions": self.fusions,
+            "selects": self.selects,
+            "fused_selects": self.fused_selects,
+            "unfused_selects": self.selects - self.fused_selects,
+            "opcodes": dict(sorted(self.opcodes.items())),
+        }
 
 
 def parse_hlo(text: str) -> HloStats:
     """Histogram the instructions of an optimized HLO module's text."""
-    comps: Dict[str, List[str]] = {}
+    comps: dict[str, list[str]] = {}
     entry = None
     current = None
     called_by_fusion = set()
@@ -97,6 +101,6 @@ def parse_hlo(text: str) -> HloStats:
     return stats
 
 
-def diff_opcodes(a: Counter, b: Counter) -> Dict[str, int]:
+def diff_opcodes(a: Counter, b: Counter) -> dict[str, int]:
     """Opcodes whose counts differ, as a - b (empty when identical)."""
     return {k: a[k] - b[k] for k in sorted(set(a) | set(b)) if a[k] != b[k]}

@@ -5,10 +5,11 @@ guarded/unguarded (what switching ``jax.jit`` to ``guarded_jit`` costs) and
 guarded/double-where (what the automatic guard costs against the careful
 hand-written fix).
 """
+
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict
+from typing import Any
 
 import jax
 
@@ -17,37 +18,51 @@ from benchmarks.timing import time_alternating, time_compile_alternating
 from benchmarks.workloads.base import VARIANTS, Workload
 
 
-def memory_of(compiled) -> Dict[str, int]:
+def memory_of(compiled) -> dict[str, int]:
     """Sizes XLA assigned; ``peak`` = arguments + outputs + temporaries - aliased."""
     m = compiled.memory_analysis()
     arg, out, tmp = m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes
     alias = m.alias_size_in_bytes
-    return {"argument": arg, "output": out, "temp": tmp, "alias": alias,
-            "peak": arg + out + tmp - alias}
+    return {
+        "argument": arg,
+        "output": out,
+        "temp": tmp,
+        "alias": alias,
+        "peak": arg + out + tmp - alias,
+    }
 
 
 def _ratios(samples, num="guarded"):
     return {den: samples.ratio(num, den) for den in ("unguarded", "double_where")}
 
 
-def _value_mode(samples, mem, hlo, stages) -> Dict[str, Any]:
+def _value_mode(samples, mem, hlo, stages) -> dict[str, Any]:
     """Value mode (``guard_mode="value"``) against the same baselines."""
-    return {"ratio": _ratios(samples, "guarded_value"),
-            "ratio_to_gradient_mode": samples.ratio("guarded_value", "guarded"),
-            "peak_memory_ratio": mem["guarded_value"]["peak"] / mem["unguarded"]["peak"],
-            "peak_memory_ratio_dw": mem["guarded_value"]["peak"] / mem["double_where"]["peak"],
-            "xla_compile_ratio": statistics.median(stages["guarded_value"].compile)
-            / statistics.median(stages["unguarded"].compile),
-            "hlo_diff_minus_unguarded": diff_opcodes(hlo["guarded_value"].opcodes,
-                                                     hlo["unguarded"].opcodes)}
+    return {
+        "ratio": _ratios(samples, "guarded_value"),
+        "ratio_to_gradient_mode": samples.ratio("guarded_value", "guarded"),
+        "peak_memory_ratio": mem["guarded_value"]["peak"] / mem["unguarded"]["peak"],
+        "peak_memory_ratio_dw": mem["guarded_value"]["peak"] / mem["double_where"]["peak"],
+        "xla_compile_ratio": statistics.median(stages["guarded_value"].compile)
+        / statistics.median(stages["unguarded"].compile),
+        "hlo_diff_minus_unguarded": diff_opcodes(
+            hlo["guarded_value"].opcodes, hlo["unguarded"].opcodes
+        ),
+    }
 
 
-def measure_workload(w: Workload, size, *, rounds: int, compile_trials: int,
-                     target_sample_s: float = 0.05) -> Dict[str, Any]:
+def measure_workload(
+    w: Workload, size, *, rounds: int, compile_trials: int, target_sample_s: float = 0.05
+) -> dict[str, Any]:
     args = w.make_inputs(size, 0)
-    result: Dict[str, Any] = {"workload": w.name, "description": w.description,
-                              "size": w.size_label(size), "check": w.check(size)}
+    result: dict[str, Any] = {
+        "workload": w.name,
+        "description": w.description,
+        "size": w.size_label(size),
+        "check": w.check(size),
+    }
     for kind in ("forward", "gradient"):
+
         def fresh(variant, kind=kind):
             """A new, never-traced function object for ``variant``."""
             fns = w.forward_fns() if kind == "forward" else w.gradient_fns()
@@ -80,10 +95,12 @@ def measure_workload(w: Workload, size, *, rounds: int, compile_trials: int,
             "peak_memory_ratio": mem["guarded"]["peak"] / mem["unguarded"]["peak"],
             "peak_memory_ratio_dw": mem["guarded"]["peak"] / mem["double_where"]["peak"],
             "hlo": {k: h.as_json() for k, h in hlo.items()},
-            "hlo_diff_guarded_minus_unguarded": diff_opcodes(hlo["guarded"].opcodes,
-                                                             hlo["unguarded"].opcodes),
-            "hlo_diff_guarded_minus_double_where": diff_opcodes(hlo["guarded"].opcodes,
-                                                                hlo["double_where"].opcodes),
+            "hlo_diff_guarded_minus_unguarded": diff_opcodes(
+                hlo["guarded"].opcodes, hlo["unguarded"].opcodes
+            ),
+            "hlo_diff_guarded_minus_double_where": diff_opcodes(
+                hlo["guarded"].opcodes, hlo["double_where"].opcodes
+            ),
             "value_mode": _value_mode(samples, mem, hlo, stages),
         }
     return result

@@ -9,6 +9,7 @@ Prints a markdown table, writes JSON (``--json``, default
 ``--write-results``), replaces the generated section of ``benchmarks/RESULTS.md``
 (the hand-written findings around it are kept).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,28 +28,44 @@ BEGIN = "<!-- BEGIN GENERATED (benchmarks/run_all.py) -->"
 END = "<!-- END GENERATED -->"
 
 MODES = {
-    "quick": dict(rounds=7, compile_trials=2, target_sample_s=0.03,
-                  scaling_sizes=[1000, 10000], scaling_trials={1000: 3, 10000: 1}),
-    "full": dict(rounds=25, compile_trials=4, target_sample_s=0.05,
-                 scaling_sizes=[1000, 10000, 100000],
-                 scaling_trials={1000: 7, 10000: 5, 100000: 1}),
+    "quick": dict(
+        rounds=7,
+        compile_trials=2,
+        target_sample_s=0.03,
+        scaling_sizes=[1000, 10000],
+        scaling_trials={1000: 3, 10000: 1},
+    ),
+    "full": dict(
+        rounds=25,
+        compile_trials=4,
+        target_sample_s=0.05,
+        scaling_sizes=[1000, 10000, 100000],
+        scaling_trials={1000: 7, 10000: 5, 100000: 1},
+    ),
 }
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds")
-    p.add_argument("--json", default=None,
-                   help="where to write the JSON results (default benchmarks/results/"
-                        "latest.json, or latest-quick.json with --quick so that a quick "
-                        "run never overwrites the full results RESULTS.md describes)")
+    p.add_argument(
+        "--json",
+        default=None,
+        help="where to write the JSON results (default benchmarks/results/"
+        "latest.json, or latest-quick.json with --quick so that a quick "
+        "run never overwrites the full results RESULTS.md describes)",
+    )
     p.add_argument("--only", nargs="*", default=None, help="JAX workloads to run (names)")
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-tf", action="store_true")
-    p.add_argument("--write-results", action="store_true",
-                   help="update benchmarks/RESULTS.md even on a --quick run")
-    p.add_argument("--no-write-results", action="store_true",
-                   help="never touch benchmarks/RESULTS.md")
+    p.add_argument(
+        "--write-results",
+        action="store_true",
+        help="update benchmarks/RESULTS.md even on a --quick run",
+    )
+    p.add_argument(
+        "--no-write-results", action="store_true", help="never touch benchmarks/RESULTS.md"
+    )
     return p.parse_args(argv)
 
 
@@ -74,8 +91,9 @@ def main(argv=None) -> int:
     mode = "quick" if args.quick else "full"
     cfg = MODES[mode]
     if args.json is None:
-        args.json = os.path.join(HERE, "results",
-                                 "latest-quick.json" if args.quick else "latest.json")
+        args.json = os.path.join(
+            HERE, "results", "latest-quick.json" if args.quick else "latest.json"
+        )
 
     from benchmarks.measure import measure_workload
     from benchmarks.report import machine_info, render
@@ -90,9 +108,13 @@ def main(argv=None) -> int:
             continue
         for size in w.sizes[mode]:
             log(f"{w.name} {w.size_label(size)}")
-            r = measure_workload(w, size, rounds=cfg["rounds"],
-                                 compile_trials=cfg["compile_trials"],
-                                 target_sample_s=cfg["target_sample_s"])
+            r = measure_workload(
+                w,
+                size,
+                rounds=cfg["rounds"],
+                compile_trials=cfg["compile_trials"],
+                target_sample_s=cfg["target_sample_s"],
+            )
             results["workloads"].append(r)
             results["checks"].append({"workload": w.name, **r["check"]})
 
@@ -102,6 +124,7 @@ def main(argv=None) -> int:
         at = [r for r in scaling["rows"] if r["eqns"] >= 10000]
         if any(r["ratio"] > 1.0 for r in at):  # target missed: say where the time goes
             import jax.numpy as jnp
+
             n = at[0]["target_eqns"]
             log(f"profiling the guarded trace at {n} equations")
             scaling["profile"] = profile_guarded(n, jnp.linspace(0.0, 2.0, 8))
@@ -111,6 +134,7 @@ def main(argv=None) -> int:
     if not args.skip_tf:
         log("tensorflow")
         from benchmarks.tf_workloads import run_tf
+
         results["tf"] = run_tf(mode, rounds=cfg["rounds"], compile_trials=cfg["compile_trials"])
 
     results["machine"]["loadavg_end"] = list(os.getloadavg())

@@ -13,13 +13,15 @@ zero upstream gradient for a few ops (Sqrt, Rsqrt, Reciprocal) only.  Variants:
 Everything here degrades to a "pending" row when ``hlo_guard.tf`` is not
 importable yet or fails, so the JAX benchmarks never depend on it.
 """
+
 from __future__ import annotations
 
 import os
 import statistics
 import time
 import traceback
-from typing import Any, Callable, Dict, List
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +36,7 @@ LR = 0.1
 
 def _tf():
     import tensorflow as tf
+
     # fresh tf.functions per compile trial are deliberate: silence the retracing warning
     tf.get_logger().setLevel("ERROR")
     return tf
@@ -43,6 +46,7 @@ def load_tf_guard():
     """``hlo_guard.tf.guard`` or the reason it is not usable."""
     try:
         from hlo_guard import tf as hg_tf
+
         return hg_tf.guard, None
     except Exception as exc:  # ImportError, or a half-built module
         return None, f"{type(exc).__name__}: {exc}"
@@ -50,12 +54,16 @@ def load_tf_guard():
 
 # -- workload 1 in TF ---------------------------------------------------------------
 
+
 def elementwise_loss(x):
     tf = _tf()
     pos = x > 0
     nz = tf.not_equal(x, 0.0)
-    y = (tf.where(pos, tf.sqrt(x), 0.0) + tf.where(pos, tf.math.log(x), 0.0)
-         + tf.where(nz, 1.0 / x, 0.0))
+    y = (
+        tf.where(pos, tf.sqrt(x), 0.0)
+        + tf.where(pos, tf.math.log(x), 0.0)
+        + tf.where(nz, 1.0 / x, 0.0)
+    )
     return tf.reduce_sum(y)
 
 
@@ -65,8 +73,11 @@ def elementwise_loss_dw(x):
     nz = tf.not_equal(x, 0.0)
     xp = tf.where(pos, x, 1.0)
     xn = tf.where(nz, x, 1.0)
-    y = (tf.where(pos, tf.sqrt(xp), 0.0) + tf.where(pos, tf.math.log(xp), 0.0)
-         + tf.where(nz, 1.0 / xn, 0.0))
+    y = (
+        tf.where(pos, tf.sqrt(xp), 0.0)
+        + tf.where(pos, tf.math.log(xp), 0.0)
+        + tf.where(nz, 1.0 / xn, 0.0)
+    )
     return tf.reduce_sum(y)
 
 
@@ -85,16 +96,17 @@ def elementwise_grad_step(loss):
             tape.watch(x)
             y = loss(x)
         return tape.gradient(y, x)
+
     return step
 
 
 # -- workload 3 in TF ---------------------------------------------------------------
 
+
 def _mlp_head(z, w2, b2, labels, mask):
     tf = _tf()
     logits = tf.matmul(z, w2) + b2
-    nll = tf.reduce_logsumexp(logits, axis=-1) - tf.gather(logits, labels, axis=1,
-                                                           batch_dims=1)
+    nll = tf.reduce_logsumexp(logits, axis=-1) - tf.gather(logits, labels, axis=1, batch_dims=1)
     per_row = tf.where(mask, nll, 0.0)
     return tf.reduce_sum(per_row) / tf.maximum(tf.reduce_sum(tf.cast(mask, tf.float32)), 1.0)
 
@@ -125,12 +137,17 @@ def mlp_inputs(size, seed=0):
     w2 = rng.normal(size=(hidden, classes)) / np.sqrt(hidden)
     x = rng.normal(size=(batch, d_in)).astype(np.float32)
     mask = np.ones(batch, bool)
-    mask[-max(1, batch // 8):] = False
+    mask[-max(1, batch // 8) :] = False
     x[~mask] = 0.0
     labels = rng.integers(0, classes, size=batch).astype(np.int32)
-    return (tf.constant(w1, tf.float32), tf.constant(w2, tf.float32),
-            tf.zeros((classes,), tf.float32), tf.constant(x), tf.constant(labels),
-            tf.constant(mask))
+    return (
+        tf.constant(w1, tf.float32),
+        tf.constant(w2, tf.float32),
+        tf.zeros((classes,), tf.float32),
+        tf.constant(x),
+        tf.constant(labels),
+        tf.constant(mask),
+    )
 
 
 def mlp_grad_step(loss):
@@ -144,23 +161,39 @@ def mlp_grad_step(loss):
             y = loss(w1, w2, b2, x, labels, mask)
         grads = tape.gradient(y, params)
         return [p - LR * g for p, g in zip(params, grads)]
+
     return step
 
 
 TF_WORKLOADS = {
-    "elementwise": dict(loss=elementwise_loss, loss_dw=elementwise_loss_dw,
-                        inputs=elementwise_inputs, step=elementwise_grad_step,
-                        sizes={"tiny": [64], "quick": [10**6], "full": [10**6, 10**7]},
-                        label=lambda n: f"n=1e{len(str(n)) - 1}" if str(n).strip("0") == "1"
-                        else f"n={n}", rtol=1e-5, atol=1e-6),
-    "mlp": dict(loss=mlp_loss, loss_dw=mlp_loss_dw, inputs=mlp_inputs, step=mlp_grad_step,
-                sizes={"tiny": [(16, 8, 16, 4)], "quick": [(256, 256, 512, 10)],
-                       "full": [(1024, 512, 1024, 10)]},
-                label=lambda s: "B={},D={},H={},C={}".format(*s), rtol=1e-5, atol=1e-6),
+    "elementwise": dict(
+        loss=elementwise_loss,
+        loss_dw=elementwise_loss_dw,
+        inputs=elementwise_inputs,
+        step=elementwise_grad_step,
+        sizes={"tiny": [64], "quick": [10**6], "full": [10**6, 10**7]},
+        label=lambda n: f"n=1e{len(str(n)) - 1}" if str(n).strip("0") == "1" else f"n={n}",
+        rtol=1e-5,
+        atol=1e-6,
+    ),
+    "mlp": dict(
+        loss=mlp_loss,
+        loss_dw=mlp_loss_dw,
+        inputs=mlp_inputs,
+        step=mlp_grad_step,
+        sizes={
+            "tiny": [(16, 8, 16, 4)],
+            "quick": [(256, 256, 512, 10)],
+            "full": [(1024, 512, 1024, 10)],
+        },
+        label=lambda s: "B={},D={},H={},C={}".format(*s),
+        rtol=1e-5,
+        atol=1e-6,
+    ),
 }
 
 
-def variant_fns(spec, guard, kind: str) -> Dict[str, Callable]:
+def variant_fns(spec, guard, kind: str) -> dict[str, Callable]:
     """Fresh callables per variant; ``kind`` is "forward" or "gradient"."""
     tf = _tf()
     loss, loss_dw = spec["loss"], spec["loss_dw"]
@@ -173,38 +206,51 @@ def variant_fns(spec, guard, kind: str) -> Dict[str, Callable]:
     }
 
 
-def _np_leaves(x) -> List[np.ndarray]:
+def _np_leaves(x) -> list[np.ndarray]:
     if isinstance(x, (list, tuple)):
         return [np.asarray(v) for v in x]
     return [np.asarray(x)]
 
 
-def check(name: str, size, guard) -> Dict[str, Any]:
+def check(name: str, size, guard) -> dict[str, Any]:
     spec = TF_WORKLOADS[name]
     args = spec["inputs"](size, 0)
     fwd = {k: f(*args) for k, f in variant_fns(spec, guard, "forward").items()}
     grads = {k: _np_leaves(f(*args)) for k, f in variant_fns(spec, guard, "gradient").items()}
-    np.testing.assert_allclose(np.asarray(fwd["guarded_xla"]), np.asarray(fwd["unguarded_xla"]),
-                               rtol=1e-6, err_msg=f"tf {name}: forward changed")
+    np.testing.assert_allclose(
+        np.asarray(fwd["guarded_xla"]),
+        np.asarray(fwd["unguarded_xla"]),
+        rtol=1e-6,
+        err_msg=f"tf {name}: forward changed",
+    )
     for g, dw in zip(grads["guarded_xla"], grads["double_where_xla"], strict=True):
         assert np.all(np.isfinite(dw)), f"tf {name}: double-where gradient not finite"
         assert np.all(np.isfinite(g)), f"tf {name}: guarded gradient not finite"
-        np.testing.assert_allclose(g, dw, rtol=spec["rtol"], atol=spec["atol"],
-                                   err_msg=f"tf {name}: guarded gradient != double-where")
-    nonfinite = {k: int(sum(np.sum(~np.isfinite(v)) for v in grads[k]))
-                 for k in ("unguarded_xla", "eager")}
-    return {"size": spec["label"](size), "gradient_equal": True,
-            "nonfinite_lanes": nonfinite}
+        np.testing.assert_allclose(
+            g,
+            dw,
+            rtol=spec["rtol"],
+            atol=spec["atol"],
+            err_msg=f"tf {name}: guarded gradient != double-where",
+        )
+    nonfinite = {
+        k: int(sum(np.sum(~np.isfinite(v)) for v in grads[k])) for k in ("unguarded_xla", "eager")
+    }
+    return {"size": spec["label"](size), "gradient_equal": True, "nonfinite_lanes": nonfinite}
 
 
-def measure(name: str, size, guard, *, rounds: int, compile_trials: int,
-            target_sample_s: float = 0.05) -> Dict[str, Any]:
+def measure(
+    name: str, size, guard, *, rounds: int, compile_trials: int, target_sample_s: float = 0.05
+) -> dict[str, Any]:
     """Run-time ratios (TF on CPU executes synchronously, so a returned tensor
     is a finished one) and first-call ratios of fresh functions."""
     spec = TF_WORKLOADS[name]
     args = spec["inputs"](size, 0)
-    out: Dict[str, Any] = {"workload": name, "size": spec["label"](size),
-                           "check": check(name, size, guard)}
+    out: dict[str, Any] = {
+        "workload": name,
+        "size": spec["label"](size),
+        "check": check(name, size, guard),
+    }
     for kind in ("forward", "gradient"):
         fns = variant_fns(spec, guard, kind)
         # compile time = first call of a fresh tf.function: trace + (guard rewrite) + XLA
@@ -223,12 +269,15 @@ def measure(name: str, size, guard, *, rounds: int, compile_trials: int,
                 hlo[k] = parse_hlo(text).as_json()
             except Exception as exc:  # informational only
                 hlo[k] = {"error": f"{type(exc).__name__}: {exc}"}
-        samples = time_alternating({k: (fns[k], args) for k in TF_VARIANTS},
-                                   rounds=rounds, target_sample_s=target_sample_s)
+        samples = time_alternating(
+            {k: (fns[k], args) for k in TF_VARIANTS}, rounds=rounds, target_sample_s=target_sample_s
+        )
         out[kind] = {
             "time": samples.as_json(),
-            "ratio": {den: samples.ratio("guarded_xla", den)
-                      for den in ("unguarded_xla", "double_where_xla", "eager")},
+            "ratio": {
+                den: samples.ratio("guarded_xla", den)
+                for den in ("unguarded_xla", "double_where_xla", "eager")
+            },
             "first_call_s": {k: statistics.median(v) for k, v in first.items()},
             "first_call_ratio": statistics.median(first["guarded_xla"])
             / statistics.median(first["unguarded_xla"]),
@@ -237,7 +286,7 @@ def measure(name: str, size, guard, *, rounds: int, compile_trials: int,
     return out
 
 
-def run_tf(mode: str, rounds: int, compile_trials: int) -> Dict[str, Any]:
+def run_tf(mode: str, rounds: int, compile_trials: int) -> dict[str, Any]:
     """All TF rows, or a pending marker with the reason."""
     guard, why = load_tf_guard()
     if guard is None:
@@ -246,11 +295,17 @@ def run_tf(mode: str, rounds: int, compile_trials: int) -> Dict[str, Any]:
     for name, spec in TF_WORKLOADS.items():
         for size in spec["sizes"][mode]:
             try:
-                rows.append(measure(name, size, guard, rounds=rounds,
-                                    compile_trials=compile_trials))
+                rows.append(
+                    measure(name, size, guard, rounds=rounds, compile_trials=compile_trials)
+                )
             except Exception as exc:
-                rows.append({"workload": name, "size": spec["label"](size),
-                             "status": "pending",
-                             "reason": f"hlo_guard.tf failed: {type(exc).__name__}: {exc}",
-                             "traceback": traceback.format_exc(limit=5)})
+                rows.append(
+                    {
+                        "workload": name,
+                        "size": spec["label"](size),
+                        "status": "pending",
+                        "reason": f"hlo_guard.tf failed: {type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc(limit=5),
+                    }
+                )
     return {"status": "ok", "rows": rows}

@@ -11,12 +11,14 @@ so compilation never leaks into run times; compile time is measured separately
 on *fresh* functions (:func:`time_compile_alternating`) because ``jax.jit``,
 ``make_jaxpr`` and ``guard`` all cache per function object.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any
 
 import jax
 
@@ -24,33 +26,43 @@ import jax
 @dataclass
 class Samples:
     """Per-variant lists of seconds-per-call, one entry per round."""
-    times: Dict[str, List[float]] = field(default_factory=dict)
-    calls_per_sample: Dict[str, int] = field(default_factory=dict)
+
+    times: dict[str, list[float]] = field(default_factory=dict)
+    calls_per_sample: dict[str, int] = field(default_factory=dict)
 
     def median(self, name: str) -> float:
         return statistics.median(self.times[name])
 
-    def ratio(self, num: str, den: str) -> Dict[str, float]:
+    def ratio(self, num: str, den: str) -> dict[str, float]:
         """Ratio of medians plus the quartiles of the paired per-round ratios."""
         paired = sorted(a / b for a, b in zip(self.times[num], self.times[den]))
         q = statistics.quantiles(paired, n=4) if len(paired) >= 2 else [paired[0]] * 3
-        return {"ratio": self.median(num) / self.median(den),
-                "paired_median": statistics.median(paired),
-                "paired_q1": q[0], "paired_q3": q[2]}
+        return {
+            "ratio": self.median(num) / self.median(den),
+            "paired_median": statistics.median(paired),
+            "paired_q1": q[0],
+            "paired_q3": q[2],
+        }
 
-    def as_json(self) -> Dict[str, Any]:
-        return {"calls_per_sample": self.calls_per_sample,
-                "median_s": {k: self.median(k) for k in self.times},
-                "samples_s": self.times}
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "calls_per_sample": self.calls_per_sample,
+            "median_s": {k: self.median(k) for k in self.times},
+            "samples_s": self.times,
+        }
 
 
 def _call(fn: Callable, args: Sequence[Any]) -> None:
     jax.block_until_ready(fn(*args))
 
 
-def time_alternating(variants: Dict[str, Tuple[Callable, Sequence[Any]]], *,
-                     rounds: int = 15, warmup: int = 2,
-                     target_sample_s: float = 0.05) -> Samples:
+def time_alternating(
+    variants: dict[str, tuple[Callable, Sequence[Any]]],
+    *,
+    rounds: int = 15,
+    warmup: int = 2,
+    target_sample_s: float = 0.05,
+) -> Samples:
     """Time each ``fn(*args)`` (already compiled) in interleaved rounds.
 
     Every call is followed by ``block_until_ready`` (JAX dispatches
@@ -73,7 +85,7 @@ def time_alternating(variants: Dict[str, Tuple[Callable, Sequence[Any]]], *,
         calls[name] = max(1, min(1000, int(target_sample_s / max(dt, 1e-7))))
     out = Samples({k: [] for k in names}, calls)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             fn, args = variants[name]
             n = calls[name]
@@ -87,21 +99,26 @@ def time_alternating(variants: Dict[str, Tuple[Callable, Sequence[Any]]], *,
 @dataclass
 class CompileStages:
     """Seconds per stage of getting an executable from a fresh function."""
-    trace: List[float] = field(default_factory=list)    # Python trace (+ guard analysis/rewrite)
-    lower: List[float] = field(default_factory=list)    # jaxpr -> StableHLO
-    compile: List[float] = field(default_factory=list)  # XLA optimisation + codegen
 
-    def total(self) -> List[float]:
+    trace: list[float] = field(default_factory=list)  # Python trace (+ guard analysis/rewrite)
+    lower: list[float] = field(default_factory=list)  # jaxpr -> StableHLO
+    compile: list[float] = field(default_factory=list)  # XLA optimisation + codegen
+
+    def total(self) -> list[float]:
         return [a + b + c for a, b, c in zip(self.trace, self.lower, self.compile)]
 
-    def medians(self) -> Dict[str, float]:
-        return {"trace": statistics.median(self.trace), "lower": statistics.median(self.lower),
-                "compile": statistics.median(self.compile),
-                "total": statistics.median(self.total())}
+    def medians(self) -> dict[str, float]:
+        return {
+            "trace": statistics.median(self.trace),
+            "lower": statistics.median(self.lower),
+            "compile": statistics.median(self.compile),
+            "total": statistics.median(self.total()),
+        }
 
 
-def time_compile_alternating(makers: Dict[str, Callable[[], Callable]], args: Sequence[Any],
-                             *, trials: int = 3) -> Dict[str, CompileStages]:
+def time_compile_alternating(
+    makers: dict[str, Callable[[], Callable]], args: Sequence[Any], *, trials: int = 3
+) -> dict[str, CompileStages]:
     """Trace, lower and compile ``jax.jit(make())`` for each variant, interleaved.
 
     ``make`` must return a *new* function object every call (a fresh lambda, a
@@ -110,7 +127,7 @@ def time_compile_alternating(makers: Dict[str, Callable[[], Callable]], args: Se
     names = list(makers)
     stages = {k: CompileStages() for k in names}
     for r in range(trials):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             fn = makers[name]()
             t0 = time.perf_counter()
@@ -125,4 +142,3 @@ def time_compile_alternating(makers: Dict[str, Callable[[], Callable]], args: Se
             s.lower.append(t2 - t1)
             s.compile.append(t3 - t2)
     return stages
-

@@ -16,6 +16,7 @@ times re-tracing the *unchanged* jaxpr through ``eval_jaxpr``: the floor for
 any rewrite that re-binds every equation, which is why "guarded / plain"
 cannot go below about 2 with the current architecture.
 """
+
 from __future__ import annotations
 
 import cProfile
@@ -25,7 +26,7 @@ import math
 import pstats
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +48,7 @@ def make_chain(n_eqns: int):
             x = lax.select(c, s, x)
             x = lax.add(x, 0.25)
         return x
+
     return chain
 
 
@@ -59,7 +61,7 @@ def _t(fn):
     return time.perf_counter() - t0, out
 
 
-def breakdown(n_eqns: int, x) -> Dict[str, float]:
+def breakdown(n_eqns: int, x) -> dict[str, float]:
     """Seconds for trace, analysis and guarded re-trace, measured separately."""
     try:
         from hlo_guard.jax_frontend.graph import JaxprGraph
@@ -71,13 +73,20 @@ def breakdown(n_eqns: int, x) -> Dict[str, float]:
     f = make_chain(n_eqns)
     t_trace, closed = _t(lambda: jax.make_jaxpr(f)(x))
     t_analyze, analysis = _t(lambda: analyze(JaxprGraph(closed.jaxpr), RULES))
-    t_rewrite, guarded = _t(lambda: jax.make_jaxpr(
-        lambda y: run_guarded(analysis, closed.consts, [y]))(x))
+    t_rewrite, guarded = _t(
+        lambda: jax.make_jaxpr(lambda y: run_guarded(analysis, closed.consts, [y]))(x)
+    )
     # the floor of any rewrite that re-binds every equation: re-trace the jaxpr unchanged
-    t_retrace, _ = _t(lambda: jax.make_jaxpr(
-        lambda y: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, y))(x))
-    return {"trace_s": t_trace, "analyze_s": t_analyze, "rewrite_s": t_rewrite,
-            "plain_retrace_s": t_retrace, "guarded_eqns": len(guarded.jaxpr.eqns)}
+    t_retrace, _ = _t(
+        lambda: jax.make_jaxpr(lambda y: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, y))(x)
+    )
+    return {
+        "trace_s": t_trace,
+        "analyze_s": t_analyze,
+        "rewrite_s": t_rewrite,
+        "plain_retrace_s": t_retrace,
+        "guarded_eqns": len(guarded.jaxpr.eqns),
+    }
 
 
 def profile_guarded(n_eqns: int, x, top: int = 20) -> str:
@@ -100,10 +109,10 @@ def profile_guarded(n_eqns: int, x, top: int = 20) -> str:
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
     lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
-    return "\n".join(lines[start:start + top + 1])
+    return "\n".join(lines[start : start + top + 1])
 
 
-def measure_scaling(sizes: List[int], trials: Dict[int, int]) -> Dict[str, Any]:
+def measure_scaling(sizes: list[int], trials: dict[int, int]) -> dict[str, Any]:
     """Interleaved plain/guarded traces per size.
 
     Everything alive before we start (the earlier workloads' executables and
@@ -120,11 +129,11 @@ def measure_scaling(sizes: List[int], trials: Dict[int, int]) -> Dict[str, Any]:
         gc.unfreeze()
 
 
-def _measure_scaling(sizes, trials, x) -> Dict[str, Any]:
+def _measure_scaling(sizes, trials, x) -> dict[str, Any]:
     rows = []
     for n in sizes:
-        plain: List[float] = []
-        guarded: List[float] = []
+        plain: list[float] = []
+        guarded: list[float] = []
         eqns = None
         for r in range(trials.get(n, 1)):
             order = ("plain", "guarded") if r % 2 == 0 else ("guarded", "plain")
@@ -139,10 +148,19 @@ def _measure_scaling(sizes, trials, x) -> Dict[str, Any]:
                     dt, _ = _t(lambda: jax.make_jaxpr(g)(x))
                     guarded.append(dt)
         p, gmed = statistics.median(plain), statistics.median(guarded)
-        rows.append({"target_eqns": n, "eqns": eqns, "plain_s": p, "guarded_s": gmed,
-                     "ratio": gmed / p, "overhead_ratio": (gmed - p) / p,
-                     "plain_samples_s": plain, "guarded_samples_s": guarded,
-                     "breakdown": breakdown(n, x)})
+        rows.append(
+            {
+                "target_eqns": n,
+                "eqns": eqns,
+                "plain_s": p,
+                "guarded_s": gmed,
+                "ratio": gmed / p,
+                "overhead_ratio": (gmed - p) / p,
+                "plain_samples_s": plain,
+                "guarded_samples_s": guarded,
+                "breakdown": breakdown(n, x),
+            }
+        )
     # growth exponent between consecutive sizes: time ~ n^k, k = 1 is linear
     for a, b in zip(rows, rows[1:]):
         scale = math.log(b["eqns"] / a["eqns"])

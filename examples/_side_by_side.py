@@ -8,6 +8,7 @@ whose last column is the gradient of the ``@guarded_jit`` function, and checks i
 against the hand-written double-where oracle (exit status 1 on a mismatch), so an
 example that runs is also an example that is right.
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,8 +23,7 @@ _failures = []
 
 
 def _fmt(v) -> str:
-    return np.array2string(np.asarray(v), precision=6, floatmode="maxprec",
-                           separator=", ")
+    return np.array2string(np.asarray(v), precision=6, floatmode="maxprec", separator=", ")
 
 
 def side_by_side(title, f, oracle, *args, argnums=0, labels=None, names=None):
@@ -32,14 +32,13 @@ def side_by_side(title, f, oracle, *args, argnums=0, labels=None, names=None):
     the double-where oracle, and hlo_guard."""
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
-    loss = lambda g: (lambda *a: jnp.sum(g(*a)))
+    loss = lambda g: lambda *a: jnp.sum(g(*a))
     plain = jax.jit(jax.grad(loss(f), argnums=nums))(*args)
     want = jax.jit(jax.grad(loss(oracle), argnums=nums))(*args)
     got = jax.grad(loss(guarded_jit(f)), argnums=nums)(*args)
     for k, i in enumerate(nums):
         suffix = "" if single else f"  (d / d {names[k] if names else f'arg {i}'})"
-        _table(title + suffix, np.asarray(args[i]).reshape(-1), plain[k], want[k], got[k],
-               labels)
+        _table(title + suffix, np.asarray(args[i]).reshape(-1), plain[k], want[k], got[k], labels)
     forward_plain = np.asarray(jax.jit(f)(*args))
     forward_guarded = np.asarray(guarded_jit(f)(*args))
     if forward_plain.tobytes() != forward_guarded.tobytes():

@@ -5,9 +5,9 @@ the dead lane; `jax.scipy.special.xlogy` (a custom_jvp) gives 0 * log(0).
 hlo_guard guards the *inputs* of the custom call with the mask its primal body
 implies, so whatever the custom rule returns in a dead lane is absorbed.
 """
+
 import jax
 import jax.numpy as jnp
-
 from _side_by_side import finish, side_by_side
 
 
@@ -42,12 +42,17 @@ def jvp_sqrt_rule(primals, tangents):
 x = jnp.array([0.0, 1.0, 4.0])
 safe = lambda x: jnp.where(x > 0, x, 1.0)
 oracle = lambda x: jnp.where(x > 0, jnp.sqrt(safe(x)), 0.0)
-side_by_side("where(x > 0, custom_vjp sqrt(x), 0)",
-             lambda x: jnp.where(x > 0, my_sqrt(x), 0.0), oracle, x)
-side_by_side("where(x > 0, custom_jvp sqrt(x), 0)",
-             lambda x: jnp.where(x > 0, jvp_sqrt(x), 0.0), oracle, x)
+side_by_side(
+    "where(x > 0, custom_vjp sqrt(x), 0)", lambda x: jnp.where(x > 0, my_sqrt(x), 0.0), oracle, x
+)
+side_by_side(
+    "where(x > 0, custom_jvp sqrt(x), 0)", lambda x: jnp.where(x > 0, jvp_sqrt(x), 0.0), oracle, x
+)
 xlogy = jax.scipy.special.xlogy
-side_by_side("where(x > 0, xlogy(x, x), 0)",
-             lambda x: jnp.where(x > 0, xlogy(x, x), 0.0),
-             lambda x: jnp.where(x > 0, xlogy(safe(x), safe(x)), 0.0), x)
+side_by_side(
+    "where(x > 0, xlogy(x, x), 0)",
+    lambda x: jnp.where(x > 0, xlogy(x, x), 0.0),
+    lambda x: jnp.where(x > 0, xlogy(safe(x), safe(x)), 0.0),
+    x,
+)
 finish()

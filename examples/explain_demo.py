@@ -8,6 +8,7 @@ The same from a shell:
     hlo-guard dump    examples/explain_demo.py:loss f32[4] --level stablehlo --program grad
     hlo-guard compare examples/explain_demo.py:loss "[-1,0,1,4]" --transform hessian
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -15,7 +16,7 @@ from hlo_guard import compare, dump, dump_lowered, explain, guarded_jit
 
 
 def loss(x):
-    safe_root = jnp.where(x > 0, jnp.sqrt(x), 0.0)      # sqrt'(0) = inf in the dead lanes
+    safe_root = jnp.where(x > 0, jnp.sqrt(x), 0.0)  # sqrt'(0) = inf in the dead lanes
     floor_log = jnp.maximum(jnp.log(jnp.abs(x)), -5.0)  # log'(0) = inf on the losing side
     return (safe_root + floor_log).sum()
 
@@ -24,7 +25,7 @@ def main():
     x = jnp.array([-1.0, 0.0, 1.0, 4.0])
 
     report = explain(loss, x)
-    print(report)                                       # or report.to_json()
+    print(report)  # or report.to_json()
     print()
     print(report.dumps(level="jaxpr", program="forward", show="diff"))
     print()
@@ -32,7 +33,7 @@ def main():
     print()
     print(dump(loss, x, level="hlo", program="forward"))  # the guards cost nothing
     print()
-    lowered = guarded_jit(loss).lower(x)                # JAX's own Lowered
+    lowered = guarded_jit(loss).lower(x)  # JAX's own Lowered
     print(dump_lowered(lowered, original=jax.jit(loss).lower(x)))
     print()
     print(compare(loss, x, transform="grad"))

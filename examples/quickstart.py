@@ -9,6 +9,7 @@ identical and real singularities (a sqrt at 0 that *is* selected) stay visible.
 
 Run:  python examples/quickstart.py   (or `make demo`)
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -20,7 +21,7 @@ def safe_sqrt(x):
 
 
 plain = jax.jit(safe_sqrt)
-guarded = guarded_jit(safe_sqrt)        # the only change: guarded_jit instead of jax.jit
+guarded = guarded_jit(safe_sqrt)  # the only change: guarded_jit instead of jax.jit
 
 x = jnp.array([-1.0, 0.0, 1.0, 4.0])
 grad_plain = jax.grad(lambda x: jnp.sum(plain(x)))(x)
@@ -34,5 +35,7 @@ print("forward values identical:", bool((plain(x) == guarded(x)).all()))
 
 # A genuine singularity is not hidden: sqrt is *selected* at 0 here.
 genuine = guarded_jit(lambda x: jnp.where(x >= 0, jnp.sqrt(x), 0.0))
-print("where(x >= 0, sqrt(x), 0) at 0, guarded gradient (genuinely infinite):",
-      float(jax.grad(genuine)(0.0)))
+print(
+    "where(x >= 0, sqrt(x), 0) at 0, guarded gradient (genuinely infinite):",
+    float(jax.grad(genuine)(0.0)),
+)

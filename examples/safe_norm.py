@@ -5,9 +5,9 @@ and the gradient should be 0 -- plain JAX gives NaN (sqrt'(0) = inf times the
 zero cotangent, then summed into every coordinate).  Batched with vmap, only the
 identical pairs are affected.
 """
+
 import jax
 import jax.numpy as jnp
-
 from _side_by_side import finish, side_by_side
 
 
@@ -24,9 +24,21 @@ def distance_oracle(a, b):
 a = jnp.array([[1.0, 2.0], [0.0, 0.0], [5.0, -1.0]])
 b = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, -1.0]])  # pairs 0 and 2 identical
 labels = [f"pair {i} coord {j}" for i in range(3) for j in range(2)]
-side_by_side("d/da of distance(a, b), pairs 0 and 2 identical", distance, distance_oracle,
-             a, b, labels=labels)
-side_by_side("d/db under vmap over pairs (one scalar condition per pair)",
-             lambda a, b: jax.vmap(distance)(a, b),
-             lambda a, b: jax.vmap(distance_oracle)(a, b), a, b, argnums=1, labels=labels)
+side_by_side(
+    "d/da of distance(a, b), pairs 0 and 2 identical",
+    distance,
+    distance_oracle,
+    a,
+    b,
+    labels=labels,
+)
+side_by_side(
+    "d/db under vmap over pairs (one scalar condition per pair)",
+    lambda a, b: jax.vmap(distance)(a, b),
+    lambda a, b: jax.vmap(distance_oracle)(a, b),
+    a,
+    b,
+    argnums=1,
+    labels=labels,
+)
 finish()

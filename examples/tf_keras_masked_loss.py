@@ -8,6 +8,7 @@ One line, ``hg.keras.guard_train_step(model)``, makes ``fit`` train exactly like
 the hand-written double-where loss.  Run:
 python examples/tf_keras_masked_loss.py
 """
+
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -21,8 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 import hlo_guard.tf as hg  # noqa: E402
 
-x = np.array([[1.0, -2.0, 0.5], [-1.0, 0.3, 2.0], [0.0, 0.0, 0.0], [0.2, 0.1, -0.3]],
-             "float32")
+x = np.array([[1.0, -2.0, 0.5], [-1.0, 0.3, 2.0], [0.0, 0.0, 0.0], [0.2, 0.1, -0.3]], "float32")
 y = np.ones((4, 4), "float32")
 
 
@@ -37,11 +37,12 @@ def double_where_loss(y_true, y_pred):
 
 def make_model(loss, guarded):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(4)])
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)]
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss, jit_compile=True)
     if guarded:
-        hg.keras.guard_train_step(model)          # <- the one line
+        hg.keras.guard_train_step(model)  # <- the one line
     return model
 
 
@@ -52,8 +53,11 @@ def train(loss, guarded):
 
 
 def main():
-    rows = [("plain", train(masked_loss, False)), ("guarded", train(masked_loss, True)),
-            ("double where", train(double_where_loss, False))]
+    rows = [
+        ("plain", train(masked_loss, False)),
+        ("guarded", train(masked_loss, True)),
+        ("double where", train(double_where_loss, False)),
+    ]
     for name, weights in rows:
         nan = sum(int(np.isnan(w).sum()) for w in weights)
         print(f"{name:>13}: {nan:3d} NaN weights after 5 epochs")

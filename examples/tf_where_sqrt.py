@@ -5,6 +5,7 @@ tf.function(jit_compile=True) gives [nan, nan, 0.5, 0.25].  With
 hlo_guard.tf.guarded_function the compiled gradient is the eager (and
 double-where) one.  Run:  python examples/tf_where_sqrt.py
 """
+
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,6 +34,7 @@ def xla_gradient(fn, x):
             tape.watch(x)
             y = tf.reduce_sum(fn(x))
         return tape.gradient(y, x)
+
     return run(x).numpy()
 
 
@@ -56,8 +58,10 @@ def main():
     print()
     print(hg.report(guarded, x).to_text())
     hlo = hg.compiler_ir(guarded, x, stage="optimized_hlo", gradient=True)
-    print(f"\noptimized HLO of the guarded gradient: {len(hlo.splitlines())} lines, "
-          f"{hlo.count(' select(')} select(s)")
+    print(
+        f"\noptimized HLO of the guarded gradient: {len(hlo.splitlines())} lines, "
+        f"{hlo.count(' select(')} select(s)"
+    )
     if not np.array_equal(got, expected):
         print("MISMATCH: guarded gradient differs from the double-where oracle")
         return 1

@@ -9,13 +9,24 @@ indexing without the NaN that dead lanes leak.
 
     jax.grad(lambda x: f(x).sum())(jnp.array([-1., 0., 1., 4.]))  # [0, 0, .5, .25]
 """
+
 from hlo_guard.api import GuardedFunction, guard, guarded_jit
+from hlo_guard.errors import GuardUsageError, HloGuardError
 from hlo_guard.inspect.compare import compare
 from hlo_guard.inspect.dumps import dump, dump_lowered
-from hlo_guard.errors import GuardUsageError, HloGuardError
 from hlo_guard.inspect.explain import explain
 
 __version__ = "0.1.0"
 
-__all__ = ["guard", "guarded_jit", "GuardedFunction", "explain", "compare", "dump",
-           "dump_lowered", "GuardUsageError", "HloGuardError", "__version__"]
+__all__ = [
+    "guard",
+    "guarded_jit",
+    "GuardedFunction",
+    "explain",
+    "compare",
+    "dump",
+    "dump_lowered",
+    "GuardUsageError",
+    "HloGuardError",
+    "__version__",
+]

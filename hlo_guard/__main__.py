@@ -1,4 +1,5 @@
 """``python -m hlo_guard``: the same command line as the ``hlo-guard`` script."""
+
 import sys
 
 from hlo_guard.cli import main

@@ -7,18 +7,24 @@ jaxpr again with gradient guards.  Apply it *first*, then transform:
 ``guarded_jit(f)`` is ``jax.jit(guard(f))`` and returns JAX's own jitted
 function (``.lower()``, ``.trace()``, ``.eval_shape()`` as usual).
 """
+
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.interpreter import run_guarded
-from hlo_guard.jax_frontend.trace_cache import (DEFAULT_CACHE_BYTES, DEFAULT_CACHE_SIZE,
-                                                TraceCache, arrays_held)
+from hlo_guard.jax_frontend.trace_cache import (
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_CACHE_SIZE,
+    TraceCache,
+    arrays_held,
+)
 from hlo_guard.jax_frontend.tracing import normalize_static, signature_of, trace
 from hlo_guard.jax_frontend.value_mode import MODES
 
@@ -30,7 +36,8 @@ def _check_mode(mode, who: str, keyword: str) -> str:
         raise GuardUsageError(
             f"{who}: {keyword}={mode!r} is not a guard mode; use one of {list(MODES)} "
             "('gradient': dead lanes keep their values, only derivatives are cut; "
-            "'value': value-dead lanes get a safe point, so NaN checkers run clean)")
+            "'value': value-dead lanes get a safe point, so NaN checkers run clean)"
+        )
     return mode
 
 
@@ -57,9 +64,15 @@ class GuardedFunction:
     bound as a constant (a class is not data).
     """
 
-    def __init__(self, fn: Callable, static_argnums=(), static_argnames=(),
-                 cache_size: int = DEFAULT_CACHE_SIZE,
-                 cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES, mode: str = "gradient"):
+    def __init__(
+        self,
+        fn: Callable,
+        static_argnums=(),
+        static_argnames=(),
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_bytes: int | None = DEFAULT_CACHE_BYTES,
+        mode: str = "gradient",
+    ):
         self.mode = _check_mode(mode, "hlo_guard.guard", "mode")
         self._binding = "method"
         if isinstance(fn, staticmethod):
@@ -69,22 +82,34 @@ class GuardedFunction:
         _check_callable(fn, "hlo_guard.guard")
         self.fn = fn
         self.static_argnums, self.static_argnames = normalize_static(
-            fn, static_argnums, static_argnames)
+            fn, static_argnums, static_argnames
+        )
         self._static_spec = (static_argnums, static_argnames)
-        self._cache = TraceCache(cache_size, f"hlo_guard.guard({getattr(fn, '__qualname__', fn)})",
-                                 max_bytes=cache_bytes,
-                                 weigh=lambda program: arrays_held(program.closed_jaxpr))
-        self._bound_to_class: Dict[Any, "GuardedFunction"] = {}
+        self._cache = TraceCache(
+            cache_size,
+            f"hlo_guard.guard({getattr(fn, '__qualname__', fn)})",
+            max_bytes=cache_bytes,
+            weigh=lambda program: arrays_held(program.closed_jaxpr),
+        )
+        self._bound_to_class: dict[Any, GuardedFunction] = {}
         functools.update_wrapper(self, fn)
 
     def traced(self, *args, **kwargs):
         """(program, flat dynamic leaves) for these arguments, tracing on a cache miss."""
         key, leaves, avals, treedef, static = signature_of(
-            self.fn, args, kwargs, self.static_argnums, self.static_argnames)
+            self.fn, args, kwargs, self.static_argnums, self.static_argnames
+        )
         program = self._cache.get(key)
         if program is None:
-            program = trace(self.fn, avals, treedef, static, len(args),
-                            self.static_argnums, self.static_argnames)
+            program = trace(
+                self.fn,
+                avals,
+                treedef,
+                static,
+                len(args),
+                self.static_argnums,
+                self.static_argnames,
+            )
             # A function that closes over a tracer of an enclosing transformation
             # (guard inside jax.grad of something else) bakes that tracer into the
             # jaxpr's constants: such a trace is valid for this call only.
@@ -94,8 +119,7 @@ class GuardedFunction:
 
     def __call__(self, *args, **kwargs):
         program, leaves = self.traced(*args, **kwargs)
-        outs = run_guarded(program.analysis, program.closed_jaxpr.consts, leaves,
-                           mode=self.mode)
+        outs = run_guarded(program.analysis, program.closed_jaxpr.consts, leaves, mode=self.mode)
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
     def __get__(self, obj, objtype=None):
@@ -110,7 +134,7 @@ class GuardedFunction:
             return self._bound_to(obj)
         return functools.partial(self, obj)
 
-    def _bound_to(self, cls) -> "GuardedFunction":
+    def _bound_to(self, cls) -> GuardedFunction:
         """This function with ``cls`` bound as a constant (a class is not data),
         one guarded function (and trace cache) per class."""
         bound = self._bound_to_class.get(cls)
@@ -118,8 +142,14 @@ class GuardedFunction:
             nums, names = self._static_spec
             nums = (nums,) if isinstance(nums, int) else tuple(nums or ())
             shifted = tuple(i - 1 for i in nums if i > 0)
-            bound = GuardedFunction(functools.partial(self.fn, cls), shifted, names,
-                                    self._cache.maxsize, self._cache.max_bytes, mode=self.mode)
+            bound = GuardedFunction(
+                functools.partial(self.fn, cls),
+                shifted,
+                names,
+                self._cache.maxsize,
+                self._cache.max_bytes,
+                mode=self.mode,
+            )
             self._bound_to_class[cls] = bound
         return bound
 
@@ -128,9 +158,15 @@ class GuardedFunction:
         return f"guard({getattr(self.fn, '__qualname__', self.fn)!r}{mode})"
 
 
-def guard(fn: Optional[Callable] = None, *, static_argnums=(), static_argnames=(),
-          cache_size: int = DEFAULT_CACHE_SIZE,
-          cache_bytes: Optional[int] = DEFAULT_CACHE_BYTES, mode: str = "gradient"):
+def guard(
+    fn: Callable | None = None,
+    *,
+    static_argnums=(),
+    static_argnames=(),
+    cache_size: int = DEFAULT_CACHE_SIZE,
+    cache_bytes: int | None = DEFAULT_CACHE_BYTES,
+    mode: str = "gradient",
+):
     """Return ``fn`` with gradient guards inserted before every operation whose
     dead lanes could turn a structural zero into NaN.
 
@@ -149,13 +185,13 @@ def guard(fn: Optional[Callable] = None, *, static_argnums=(), static_argnames=(
     """
     _check_mode(mode, "hlo_guard.guard", "mode")
     if fn is None:
-        return lambda f: GuardedFunction(f, static_argnums, static_argnames, cache_size,
-                                         cache_bytes, mode=mode)
-    return GuardedFunction(fn, static_argnums, static_argnames, cache_size, cache_bytes,
-                           mode=mode)
+        return lambda f: GuardedFunction(
+            f, static_argnums, static_argnames, cache_size, cache_bytes, mode=mode
+        )
+    return GuardedFunction(fn, static_argnums, static_argnames, cache_size, cache_bytes, mode=mode)
 
 
-def guarded_jit(fn: Optional[Callable] = None, *, guard_mode: str = "gradient", **jit_kwargs):
+def guarded_jit(fn: Callable | None = None, *, guard_mode: str = "gradient", **jit_kwargs):
     """``jax.jit(guard(fn, mode=guard_mode), **jit_kwargs)``; usable as
     ``@guarded_jit`` and ``@guarded_jit(static_argnums=...)``.  Accepts every
     ``jax.jit`` keyword."""
@@ -164,10 +200,15 @@ def guarded_jit(fn: Optional[Callable] = None, *, guard_mode: str = "gradient", 
     if unknown:
         raise GuardUsageError(
             f"guarded_jit got unexpected keyword argument(s) {unknown}; "
-            f"jax.jit accepts {sorted(JIT_KEYWORDS)}")
+            f"jax.jit accepts {sorted(JIT_KEYWORDS)}"
+        )
     if fn is None:
         return lambda f: guarded_jit(f, guard_mode=guard_mode, **jit_kwargs)
     _check_callable(fn, "hlo_guard.guarded_jit")
-    guarded = GuardedFunction(fn, jit_kwargs.get("static_argnums", ()),
-                              jit_kwargs.get("static_argnames", ()), mode=guard_mode)
+    guarded = GuardedFunction(
+        fn,
+        jit_kwargs.get("static_argnums", ()),
+        jit_kwargs.get("static_argnames", ()),
+        mode=guard_mode,
+    )
     return jax.jit(guarded, **jit_kwargs)

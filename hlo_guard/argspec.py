@@ -7,20 +7,32 @@ float32 -- derivatives are taken with respect to floating-point arguments, and
 ``[-1,0,1,4]`` is what people type for a float vector; write ``i32:[1,2]`` for
 integers.  64-bit dtypes switch on ``jax_enable_x64`` (as JAX requires).
 """
+
 from __future__ import annotations
 
 import ast
 import re
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import numpy as np
 
 DTYPES = {
-    "f16": np.float16, "bf16": "bfloat16", "f32": np.float32, "f64": np.float64,
-    "c64": np.complex64, "c128": np.complex128,
-    "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
-    "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
-    "bool": np.bool_, "pred": np.bool_,
+    "f16": np.float16,
+    "bf16": "bfloat16",
+    "f32": np.float32,
+    "f64": np.float64,
+    "c64": np.complex64,
+    "c128": np.complex128,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "u8": np.uint8,
+    "u16": np.uint16,
+    "u32": np.uint32,
+    "u64": np.uint64,
+    "bool": np.bool_,
+    "pred": np.bool_,
 }
 WIDE = {"f64", "c128", "i64", "u64"}
 FILLS = ("linspace", "zeros", "ones", "arange", "normal")
@@ -33,9 +45,11 @@ class SpecError(ValueError):
     """A spec that cannot be parsed; the message says what is expected."""
 
 
-HELP = ("an argument is a shape spec DTYPE[DIMS] (e.g. f32[4], f64[2,3], i32[]), a literal "
-        "(0.5, [-1,0,1,4]: float32), a typed literal (f64:[1,2], i32:3), or NAME=SPEC "
-        "for a keyword argument; dtypes: " + ", ".join(DTYPES))
+HELP = (
+    "an argument is a shape spec DTYPE[DIMS] (e.g. f32[4], f64[2,3], i32[]), a literal "
+    "(0.5, [-1,0,1,4]: float32), a typed literal (f64:[1,2], i32:3), or NAME=SPEC "
+    "for a keyword argument; dtypes: " + ", ".join(DTYPES)
+)
 
 
 def _dtype(name: str, spec: str):
@@ -44,11 +58,12 @@ def _dtype(name: str, spec: str):
     dt = DTYPES[name]
     if dt == "bfloat16":
         import ml_dtypes
+
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(dt)
 
 
-def fill(shape: Tuple[int, ...], dtype: np.dtype, how: str) -> np.ndarray:
+def fill(shape: tuple[int, ...], dtype: np.dtype, how: str) -> np.ndarray:
     """Deterministic contents for a shape spec."""
     if how not in FILLS:
         raise SpecError(f"unknown fill {how!r}; choose one of {', '.join(FILLS)}")
@@ -63,7 +78,7 @@ def fill(shape: Tuple[int, ...], dtype: np.dtype, how: str) -> np.ndarray:
         flat = np.random.default_rng(0).standard_normal(size)
     else:  # linspace over [-1, 1]: negative, (for odd sizes) zero and positive lanes
         if dtype == np.bool_:
-            flat = (np.arange(size) % 2 == 0)
+            flat = np.arange(size) % 2 == 0
         elif np.issubdtype(dtype, np.integer):
             flat = np.arange(size) - size // 2
         else:
@@ -106,13 +121,14 @@ def _all_bool(v) -> bool:
 
 def _as_array(value, dtype, spec) -> np.ndarray:
     if not isinstance(value, (int, float, complex, bool, list, tuple)):
-        raise SpecError(f"argument {spec!r} is a {type(value).__name__}, not a number or a "
-                        f"list of numbers. {HELP}")
+        raise SpecError(
+            f"argument {spec!r} is a {type(value).__name__}, not a number or a "
+            f"list of numbers. {HELP}"
+        )
     try:
         arr = np.asarray(value)
     except ValueError:
-        raise SpecError(f"argument {spec!r} is a ragged list (rows of different lengths)") \
-            from None
+        raise SpecError(f"argument {spec!r} is a ragged list (rows of different lengths)") from None
     if arr.dtype == object or arr.dtype.kind not in "biufc":
         raise SpecError(f"argument {spec!r} must hold only numbers. {HELP}")
     if np.iscomplexobj(arr) and dtype.kind != "c":
@@ -120,7 +136,7 @@ def _as_array(value, dtype, spec) -> np.ndarray:
     return arr.astype(dtype)
 
 
-def needs_x64(specs: List[str]) -> bool:
+def needs_x64(specs: list[str]) -> bool:
     for spec in specs:
         body = spec.split("=", 1)[1] if _is_keyword(spec) else spec
         m = _SHAPE.match(body.strip()) or _TYPED.match(body.strip())
@@ -134,12 +150,13 @@ def _is_keyword(spec: str) -> bool:
     return "=" in spec and head.isidentifier() and not spec.startswith("[")
 
 
-def parse_arguments(specs: List[str], how: str = "linspace",
-                    static_argnums=()) -> Tuple[List[Any], Dict[str, Any]]:
+def parse_arguments(
+    specs: list[str], how: str = "linspace", static_argnums=()
+) -> tuple[list[Any], dict[str, Any]]:
     """Positional and keyword arguments from specs; a static position takes the
     Python literal as it is (or the raw string when it is not a literal)."""
-    args: List[Any] = []
-    kwargs: Dict[str, Any] = {}
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
     for spec in specs:
         if _is_keyword(spec):
             name, body = spec.split("=", 1)

@@ -5,13 +5,14 @@ A missing module, file or attribute is the user's typo, not a crash: it raises
 missing function, what the module does define).  An exception raised *while
 importing* the user's module is passed through: that is the module's error.
 """
+
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 class TargetError(ValueError):
@@ -42,16 +43,17 @@ def _import(name: str):
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing == name or name.startswith(missing + "."):
-            raise TargetError(f"no module named {missing!r} (looked for {name!r}; give "
-                              "an importable module or a path to a .py file)") from None
+            raise TargetError(
+                f"no module named {missing!r} (looked for {name!r}; give "
+                "an importable module or a path to a .py file)"
+            ) from None
         raise
 
 
 def load_function(target: str) -> Callable:
     module_part, sep, attr = target.rpartition(":")
     if not sep or not module_part or not attr:
-        raise TargetError(f"expected MODULE:FUNCTION or path/to/file.py:FUNCTION, "
-                          f"got {target!r}")
+        raise TargetError(f"expected MODULE:FUNCTION or path/to/file.py:FUNCTION, got {target!r}")
     if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
         module = _load_file(module_part)
     else:
@@ -59,8 +61,9 @@ def load_function(target: str) -> Callable:
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            available = sorted(n for n, v in vars(module).items()
-                               if callable(v) and not n.startswith("_"))[:12]
+            available = sorted(
+                n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+            )[:12]
             hint = f"; callables defined there: {', '.join(available)}" if available else ""
             raise TargetError(f"{module_part} has no attribute {attr!r}{hint}")
         obj = getattr(obj, part)

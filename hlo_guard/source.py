@@ -6,6 +6,7 @@ inside library wrappers (the ``select_n`` in ``jnp.where``'s nested ``jit``, the
 ``max``/``min`` in ``jnp.clip``) have no such frame; callers then fall back to
 the location of the enclosing call, which *is* the user's ``jnp.where`` line.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ def short_path(path: str) -> str:
     for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
         i = path.rfind(marker)
         if i >= 0:
-            return path[i + len(marker):]
+            return path[i + len(marker) :]
     return path
 
 

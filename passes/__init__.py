@@ -12,19 +12,47 @@ by operation name (:mod:`passes.rules`).  The engine answers three questions:
 
 Masks and guards themselves are materialised by the front end in its own ops.
 """
-from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, case_of, dead_by, partial_by
-from passes.graph import Graph
-from passes.rules import Rule, RuleTable
+
 from passes.analysis import Analysis, ForwardAnalysis, analyze, analyze_forward
-from passes.planning import (GuardSite, OutputGuardSite, UnguardedSite, plan_guards,
-                             plan_output_guards)
+from passes.graph import Graph
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, case_of, dead_by, partial_by
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskAlgebra, MaskResolver
-from passes.report import Report, SiteRecord, OriginRecord
+from passes.planning import (
+    GuardSite,
+    OutputGuardSite,
+    UnguardedSite,
+    plan_guards,
+    plan_output_guards,
+)
+from passes.report import OriginRecord, Report, SiteRecord
+from passes.rules import Rule, RuleTable
 
 __all__ = [
-    "Level", "Liveness", "LIVE", "NO_DERIVATIVE", "case_of", "dead_by", "partial_by",
-    "Graph", "Rule", "RuleTable", "Analysis", "ForwardAnalysis", "analyze", "analyze_forward",
-    "GuardSite", "OutputGuardSite", "UnguardedSite", "plan_guards", "plan_output_guards",
-    "ALL", "NONE", "MaskAlgebra", "MaskResolver", "ForwardMaskResolver",
-    "Report", "SiteRecord", "OriginRecord",
+    "Level",
+    "Liveness",
+    "LIVE",
+    "NO_DERIVATIVE",
+    "case_of",
+    "dead_by",
+    "partial_by",
+    "Graph",
+    "Rule",
+    "RuleTable",
+    "Analysis",
+    "ForwardAnalysis",
+    "analyze",
+    "analyze_forward",
+    "GuardSite",
+    "OutputGuardSite",
+    "UnguardedSite",
+    "plan_guards",
+    "plan_output_guards",
+    "ALL",
+    "NONE",
+    "MaskAlgebra",
+    "MaskResolver",
+    "ForwardMaskResolver",
+    "Report",
+    "SiteRecord",
+    "OriginRecord",
 ]

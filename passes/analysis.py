@@ -7,21 +7,24 @@ it is fully live (no mask needed), partly live (a mask will be built on demand)
 or dead, and records every place where dead lanes reach an operation the engine
 cannot see through (no rule, opaque call, control-flow boundary).
 """
+
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any
 
 from passes.graph import Graph
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all
 from passes.rules import ForwardRule, RuleTable, conservative_transfer
 
-Use = Tuple[int, int]  # (node, input index)
+Use = tuple[int, int]  # (node, input index)
 
 
 @dataclass
 class Unreached:
     """Dead lanes arrive at ``node`` but the engine does not follow them further."""
+
     node: int
     reason: str
     liveness: Liveness
@@ -31,22 +34,22 @@ class Unreached:
 class Analysis:
     graph: Graph
     rules: RuleTable
-    out_liveness: List[Liveness]
-    values: Dict[Hashable, Liveness] = field(default_factory=dict)
-    uses: Dict[Hashable, List[Use]] = field(default_factory=dict)
-    use_liveness: Dict[Use, Liveness] = field(default_factory=dict)
-    unreached: List[Unreached] = field(default_factory=list)
+    out_liveness: list[Liveness]
+    values: dict[Hashable, Liveness] = field(default_factory=dict)
+    uses: dict[Hashable, list[Use]] = field(default_factory=dict)
+    use_liveness: dict[Use, Liveness] = field(default_factory=dict)
+    unreached: list[Unreached] = field(default_factory=list)
     #: nested analyses keyed by (node, sub-graph index), filled by call rules
-    subs: Dict[Tuple[int, int], "Analysis"] = field(default_factory=dict)
+    subs: dict[tuple[int, int], Analysis] = field(default_factory=dict)
     #: anything a front end's rule wants to remember about a node
-    notes: Dict[int, Any] = field(default_factory=dict)
+    notes: dict[int, Any] = field(default_factory=dict)
 
     def value_liveness(self, value: Hashable) -> Liveness:
         if value is None:
             return NO_DERIVATIVE
         return self.values.get(value, NO_DERIVATIVE)
 
-    def output_liveness(self, node: int) -> List[Liveness]:
+    def output_liveness(self, node: int) -> list[Liveness]:
         return [self.value_liveness(v) for v in self.graph.node_outputs(node)]
 
     def use(self, node: int, index: int) -> Liveness:
@@ -62,15 +65,17 @@ class Analysis:
     def note_unreached(self, node: int, reason: str, liveness: Liveness) -> None:
         self.unreached.append(Unreached(node, reason, liveness))
 
-    def analyze_sub(self, node: int, index: int, graph: Graph,
-                    out_liveness: Sequence[Liveness]) -> "Analysis":
+    def analyze_sub(
+        self, node: int, index: int, graph: Graph, out_liveness: Sequence[Liveness]
+    ) -> Analysis:
         sub = analyze(graph, self.rules, out_liveness)
         self.subs[(node, index)] = sub
         return sub
 
 
-def analyze(graph: Graph, rules: RuleTable,
-            out_liveness: Optional[Sequence[Liveness]] = None) -> Analysis:
+def analyze(
+    graph: Graph, rules: RuleTable, out_liveness: Sequence[Liveness] | None = None
+) -> Analysis:
     """Run the static analysis over ``graph``.
 
     ``out_liveness`` defaults to every output fully live (the top level of a
@@ -88,8 +93,10 @@ def analyze(graph: Graph, rules: RuleTable,
     uses = result.uses
     use_liveness = result.use_liveness
     for node in range(graph.node_count() - 1, -1, -1):
-        outs = [values.get(v, NO_DERIVATIVE) if v is not None else NO_DERIVATIVE
-                for v in graph.node_outputs(node)]
+        outs = [
+            values.get(v, NO_DERIVATIVE) if v is not None else NO_DERIVATIVE
+            for v in graph.node_outputs(node)
+        ]
         if not any(o.reaches_output for o in outs):
             continue
         inputs = graph.node_inputs(node)
@@ -117,6 +124,7 @@ def analyze(graph: Graph, rules: RuleTable,
 
 # -- forward (tangent) liveness ------------------------------------------------
 
+
 @dataclass
 class ForwardAnalysis:
     """Which lanes' *tangents* can be non-zero: the forward-mode mirror.
@@ -129,30 +137,31 @@ class ForwardAnalysis:
     when it may depend differentiably on an input; constants and literals are
     dead, selections pass on the lanes of the case they take.
     """
+
     graph: Graph
     rules: RuleTable
-    in_liveness: List[Liveness]
-    values: Dict[Hashable, Liveness] = field(default_factory=dict)
-    subs: Dict[Tuple[int, int], "ForwardAnalysis"] = field(default_factory=dict)
-    notes: Dict[Any, Any] = field(default_factory=dict)
+    in_liveness: list[Liveness]
+    values: dict[Hashable, Liveness] = field(default_factory=dict)
+    subs: dict[tuple[int, int], ForwardAnalysis] = field(default_factory=dict)
+    notes: dict[Any, Any] = field(default_factory=dict)
 
     def value_liveness(self, value) -> Liveness:
         if value is None:
             return NO_DERIVATIVE
         return self.values.get(value, NO_DERIVATIVE)
 
-    def input_liveness(self, node: int) -> List[Liveness]:
+    def input_liveness(self, node: int) -> list[Liveness]:
         return [self.value_liveness(v) for v in self.graph.node_inputs(node)]
 
-    def analyze_sub(self, node: int, index: int, graph: Graph,
-                    in_liveness: Sequence[Liveness]) -> "ForwardAnalysis":
+    def analyze_sub(
+        self, node: int, index: int, graph: Graph, in_liveness: Sequence[Liveness]
+    ) -> ForwardAnalysis:
         sub = analyze_forward(graph, self.rules, in_liveness)
         self.subs[(node, index)] = sub
         return sub
 
 
-def analyze_forward(graph, rules: RuleTable,
-                    in_liveness: Sequence[Liveness]) -> ForwardAnalysis:
+def analyze_forward(graph, rules: RuleTable, in_liveness: Sequence[Liveness]) -> ForwardAnalysis:
     """Forward pass over ``graph``; ``in_liveness`` is given for
     ``graph.graph_inputs()`` (a front end decides how constants count)."""
     result = ForwardAnalysis(graph, rules, list(in_liveness))
@@ -161,8 +170,10 @@ def analyze_forward(graph, rules: RuleTable,
         if v is not None and graph.carries_derivative(v) and lv.reaches_output:
             values[v] = lv
     for node in range(graph.node_count()):
-        ins = [values.get(v, NO_DERIVATIVE) if v is not None else NO_DERIVATIVE
-               for v in graph.node_inputs(node)]
+        ins = [
+            values.get(v, NO_DERIVATIVE) if v is not None else NO_DERIVATIVE
+            for v in graph.node_inputs(node)
+        ]
         if not any(i.reaches_output for i in ins):
             continue
         rule = rules.get(graph.op_name(node))

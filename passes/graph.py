@@ -6,11 +6,13 @@ literal or otherwise untracked is ``None``.  Keeping this a protocol of small
 methods (rather than a wrapper object per node) lets a front end expose a
 100k-equation jaxpr without allocating anything per node.
 """
+
 from __future__ import annotations
 
-from typing import Hashable, Optional, Protocol, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Protocol
 
-Value = Optional[Hashable]
+Value = Hashable | None
 
 
 class Graph(Protocol):

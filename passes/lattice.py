@@ -12,11 +12,12 @@ slice ...) made its lanes dead: those are the "origins" a report names.  The
 origin list is capped, because a long chain of selections would otherwise make
 every join quadratic; the nearest origins are the useful ones anyway.
 """
+
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable, Optional, Tuple
 
 MAX_ORIGINS = 4
 
@@ -40,9 +41,10 @@ class Liveness:
     as the select's output.  Without it the mask ``or(not p, p)`` would be
     built at run time, and ``p`` may sit downstream.
     """
+
     level: Level
-    origins: Tuple[Hashable, ...] = ()
-    partition: Optional[tuple] = None
+    origins: tuple[Hashable, ...] = ()
+    partition: tuple | None = None
 
     @property
     def is_live(self) -> bool:
@@ -67,7 +69,7 @@ class Liveness:
         """
         return self.level is not Level.DEAD or bool(self.origins)
 
-    def join(self, other: "Liveness") -> "Liveness":
+    def join(self, other: Liveness) -> Liveness:
         if self is other:
             return self
         if self.level is Level.LIVE or other.level is Level.LIVE:
@@ -81,18 +83,19 @@ class Liveness:
             cases = a[1] | b[1]
             if len(cases) == a[2]:
                 return a[3]
-            return Liveness(Level.PARTIAL, merge_origins(self.origins, other.origins),
-                            (a[0], cases, a[2], a[3]))
+            return Liveness(
+                Level.PARTIAL, merge_origins(self.origins, other.origins), (a[0], cases, a[2], a[3])
+            )
         level = max(self.level, other.level)
         return Liveness(level, merge_origins(self.origins, other.origins))
 
-    def with_origin(self, origin: Hashable) -> "Liveness":
+    def with_origin(self, origin: Hashable) -> Liveness:
         """The same liveness, additionally blamed on ``origin``."""
         if self.level is Level.LIVE:
             return self
         return Liveness(self.level, merge_origins((origin,), self.origins))
 
-    def without_partition(self) -> "Liveness":
+    def without_partition(self) -> Liveness:
         """For operations that move lanes around (transpose, slice, concat ...)."""
         if self.partition is None:
             return self

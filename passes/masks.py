@@ -12,9 +12,11 @@ Masks are either the sentinels :data:`ALL` / :data:`NONE` or front-end arrays of
 the value's exact shape; :class:`MaskAlgebra` is the little the engine needs to
 combine them.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # passes.rules imports ALL/NONE from here; analysis imports rules
     from passes.analysis import Analysis
@@ -29,7 +31,7 @@ class _Sentinel:
         return self.name
 
 
-ALL = _Sentinel("ALL")    # every lane live
+ALL = _Sentinel("ALL")  # every lane live
 NONE = _Sentinel("NONE")  # no lane live
 
 
@@ -70,7 +72,7 @@ def or_all(algebra: MaskAlgebra, masks) -> Any:
     return result
 
 
-InputMasksFn = Callable[[int, List[Any]], List[Any]]
+InputMasksFn = Callable[[int, list[Any]], list[Any]]
 
 
 class MaskResolver:
@@ -80,15 +82,20 @@ class MaskResolver:
     rule to turn output masks into one mask per input.
     """
 
-    def __init__(self, analysis: Analysis, algebra: MaskAlgebra,
-                 out_masks: Sequence[Any], input_masks: InputMasksFn):
+    def __init__(
+        self,
+        analysis: Analysis,
+        algebra: MaskAlgebra,
+        out_masks: Sequence[Any],
+        input_masks: InputMasksFn,
+    ):
         self.analysis = analysis
         self.graph = analysis.graph
         self.algebra = algebra
         self.input_masks_fn = input_masks
-        self._value_masks: Dict[Hashable, Any] = {}
-        self._node_masks: Dict[int, List[Any]] = {}
-        self._output_seed: Dict[Hashable, Any] = {}
+        self._value_masks: dict[Hashable, Any] = {}
+        self._node_masks: dict[int, list[Any]] = {}
+        self._output_seed: dict[Hashable, Any] = {}
         for v, m in zip(self.graph.graph_outputs(), out_masks):
             if v is None:
                 continue
@@ -124,7 +131,7 @@ class MaskResolver:
             stack.pop()
         return self._value_masks[value]
 
-    def node_input_masks(self, node: int) -> List[Any]:
+    def node_input_masks(self, node: int) -> list[Any]:
         masks = self._node_masks.get(node)
         if masks is None:
             outs = [self.value_mask(v) for v in self.graph.node_outputs(node)]
@@ -138,7 +145,7 @@ class MaskResolver:
             if self.analysis.use_liveness[use].level is Level.PARTIAL:
                 yield use
 
-    def _missing_dependencies(self, value) -> List[Hashable]:
+    def _missing_dependencies(self, value) -> list[Hashable]:
         lv = self.analysis.value_liveness(value)
         if lv.level is not Level.PARTIAL:
             return []
@@ -165,7 +172,7 @@ class MaskResolver:
         return mask
 
 
-OutputMasksFn = Callable[[int, List[Any]], List[Any]]
+OutputMasksFn = Callable[[int, list[Any]], list[Any]]
 
 
 class ForwardMaskResolver:
@@ -176,15 +183,21 @@ class ForwardMaskResolver:
     explicit stack.  ``input_masks`` gives the masks of the graph's inputs.
     """
 
-    def __init__(self, forward, algebra: MaskAlgebra, input_masks: Dict[Hashable, Any],
-                 output_masks: OutputMasksFn, producer: Callable[[Hashable], Any]):
+    def __init__(
+        self,
+        forward,
+        algebra: MaskAlgebra,
+        input_masks: dict[Hashable, Any],
+        output_masks: OutputMasksFn,
+        producer: Callable[[Hashable], Any],
+    ):
         self.forward = forward
         self.graph = forward.graph
         self.algebra = algebra
         self.output_masks_fn = output_masks
         self.producer = producer
-        self._masks: Dict[Hashable, Any] = dict(input_masks)
-        self._node_masks: Dict[int, List[Any]] = {}
+        self._masks: dict[Hashable, Any] = dict(input_masks)
+        self._node_masks: dict[int, list[Any]] = {}
 
     def value_mask(self, value) -> Any:
         if value is None:
@@ -212,8 +225,9 @@ class ForwardMaskResolver:
                 stack.pop()
                 continue
             node, j = prod
-            missing = [u for u in self.graph.node_inputs(node)
-                       if u is not None and u not in self._masks]
+            missing = [
+                u for u in self.graph.node_inputs(node) if u is not None and u not in self._masks
+            ]
             if missing:
                 stack.extend(missing)
                 continue
@@ -221,7 +235,7 @@ class ForwardMaskResolver:
             stack.pop()
         return self._masks[value]
 
-    def node_output_masks(self, node: int) -> List[Any]:
+    def node_output_masks(self, node: int) -> list[Any]:
         masks = self._node_masks.get(node)
         if masks is None:
             ins = [self.value_mask(u) for u in self.graph.node_inputs(node)]

@@ -6,12 +6,12 @@ NaN there (local derivative possibly non-finite, or a 0/1 coefficient that is
 multiplied rather than selected).  Uses that are dead with no selection behind
 them are never differentiated and need nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
 
-from passes.analysis import Analysis, Unreached
+from passes.analysis import Analysis
 from passes.lattice import Level, Liveness
 from passes.rules import ForwardRule
 
@@ -35,11 +35,11 @@ class UnguardedSite:
     liveness: Liveness
 
 
-def plan_guards(analysis: Analysis) -> Tuple[List[GuardSite], List[UnguardedSite]]:
+def plan_guards(analysis: Analysis) -> tuple[list[GuardSite], list[UnguardedSite]]:
     """Guard sites and unguarded sites of one graph (not of nested graphs)."""
     graph = analysis.graph
     rules = analysis.rules
-    sites: List[GuardSite] = []
+    sites: list[GuardSite] = []
     for (node, index), lv in analysis.use_liveness.items():
         if lv.level is Level.LIVE or not lv.reaches_output:
             continue
@@ -58,7 +58,7 @@ class OutputGuardSite(GuardSite):
     mode).  ``liveness`` is the output's *tangent* liveness."""
 
 
-def plan_output_guards(backward: Analysis, forward) -> List[OutputGuardSite]:
+def plan_output_guards(backward: Analysis, forward) -> list[OutputGuardSite]:
     """Output guards of one graph, from its backward and forward analyses.
 
     Only outputs whose derivative is used at all (backward liveness reaches an
@@ -67,7 +67,7 @@ def plan_output_guards(backward: Analysis, forward) -> List[OutputGuardSite]:
     """
     graph = backward.graph
     rules = backward.rules
-    sites: List[OutputGuardSite] = []
+    sites: list[OutputGuardSite] = []
     for node in range(graph.node_count()):
         rule = rules.get(graph.op_name(node))
         if not isinstance(rule, ForwardRule):

@@ -5,16 +5,18 @@ reads the same text and the same JSON whether the program was a jaxpr or a TF
 graph.  Records are plain data: front ends fill in operation names, source
 locations and the meaning of each mask in words.
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 
 @dataclass
 class OriginRecord:
     """A selecting operation that makes some lanes dead."""
+
     op: str
     location: str
     meaning: str = ""
@@ -23,16 +25,17 @@ class OriginRecord:
 @dataclass
 class SiteRecord:
     """One guarded use, or one place dead lanes reach without a guard."""
-    kind: str                       # "guard" or "unguarded"
-    op: str                         # the guarded (or unfollowed) operation
+
+    kind: str  # "guard" or "unguarded"
+    op: str  # the guarded (or unfollowed) operation
     location: str
-    scope: str = ""                 # nesting path, e.g. "jit(norm)"
-    operand: Optional[int] = None   # which input of ``op`` is guarded
-    statically_dead: bool = False   # every lane dead: the guard is a stop_gradient
-    origins: List[OriginRecord] = field(default_factory=list)
+    scope: str = ""  # nesting path, e.g. "jit(norm)"
+    operand: int | None = None  # which input of ``op`` is guarded
+    statically_dead: bool = False  # every lane dead: the guard is a stop_gradient
+    origins: list[OriginRecord] = field(default_factory=list)
     reason: str = ""
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -40,21 +43,21 @@ class SiteRecord:
 class Report:
     framework: str
     function: str
-    sites: List[SiteRecord] = field(default_factory=list)
-    extra: Dict[str, Any] = field(default_factory=dict)
+    sites: list[SiteRecord] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def guards(self) -> List[SiteRecord]:
+    def guards(self) -> list[SiteRecord]:
         return [s for s in self.sites if s.kind == "guard"]
 
     @property
-    def unguarded(self) -> List[SiteRecord]:
+    def unguarded(self) -> list[SiteRecord]:
         return [s for s in self.sites if s.kind == "unguarded"]
 
-    def counts(self) -> Dict[str, int]:
+    def counts(self) -> dict[str, int]:
         return {"guards": len(self.guards), "unguarded": len(self.unguarded)}
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "framework": self.framework,
             "function": self.function,
@@ -69,8 +72,10 @@ class Report:
 
     def to_text(self) -> str:
         c = self.counts()
-        lines = [f"hlo_guard report for {self.function} ({self.framework}): "
-                 f"{c['guards']} guard(s), {c['unguarded']} unguarded site(s)"]
+        lines = [
+            f"hlo_guard report for {self.function} ({self.framework}): "
+            f"{c['guards']} guard(s), {c['unguarded']} unguarded site(s)"
+        ]
         for s in self.guards:
             where = f" in {s.scope}" if s.scope else ""
             dead = " [every lane dead: stop_gradient]" if s.statically_dead else ""

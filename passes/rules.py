@@ -35,10 +35,15 @@ The rules both front ends share (:class:`Conservative`, :class:`ZeroDerivative`,
 (:func:`joined`, :func:`dropping`) live here too; they read the graph only
 through :class:`passes.graph.Graph`.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence
-from typing import runtime_checkable
+from collections.abc import Callable, Iterable, Sequence
+from typing import (
+    Any,
+    Protocol,
+    runtime_checkable,
+)
 
 from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dropped_by, join_all
 from passes.masks import ALL, NONE
@@ -50,7 +55,7 @@ class Rule:
     #: a short word used in reports ("elementwise", "selection", "structural", ...)
     kind: str = "generic"
 
-    def transfer(self, ctx, node: int, outs: Sequence[Liveness]) -> List[Liveness]:
+    def transfer(self, ctx, node: int, outs: Sequence[Liveness]) -> list[Liveness]:
         raise NotImplementedError
 
     def guards_input(self, ctx, node: int, index: int) -> bool:
@@ -70,7 +75,7 @@ class RuleTable:
 
     def __init__(self, name: str):
         self.name = name
-        self._rules: Dict[str, Rule] = {}
+        self._rules: dict[str, Rule] = {}
 
     def register(self, names: Iterable[str] | str, rule: Rule) -> Rule:
         if isinstance(names, str):
@@ -79,21 +84,21 @@ class RuleTable:
             self._rules[n] = rule
         return rule
 
-    def get(self, name: str) -> Optional[Rule]:
+    def get(self, name: str) -> Rule | None:
         return self._rules.get(name)
 
     def __contains__(self, name: str) -> bool:
         return name in self._rules
 
-    def names(self) -> List[str]:
+    def names(self) -> list[str]:
         return sorted(self._rules)
 
 
-def all_inputs(n_inputs: int, liveness: Liveness) -> List[Liveness]:
+def all_inputs(n_inputs: int, liveness: Liveness) -> list[Liveness]:
     return [liveness] * n_inputs
 
 
-def conservative_transfer(n_inputs: int, outs: Sequence[Liveness]) -> List[Liveness]:
+def conservative_transfer(n_inputs: int, outs: Sequence[Liveness]) -> list[Liveness]:
     """Every input fully live as soon as any output carries a derivative."""
     joined = join_all(outs)
     return all_inputs(n_inputs, LIVE if joined.reaches_output else NO_DERIVATIVE)
@@ -101,11 +106,12 @@ def conservative_transfer(n_inputs: int, outs: Sequence[Liveness]) -> List[Liven
 
 # -- optional rule methods ----------------------------------------------------
 
+
 @runtime_checkable
 class ForwardRule(Protocol):
     """A rule that knows the forward (tangent) half: see the module docstring."""
 
-    def forward(self, fa, node: int, ins: Sequence[Liveness]) -> List[Liveness]: ...
+    def forward(self, fa, node: int, ins: Sequence[Liveness]) -> list[Liveness]: ...
 
     def guards_output(self, analysis, node: int, index: int) -> bool: ...
 
@@ -115,14 +121,14 @@ class MaskRule(Protocol):
     """Per-lane masks of a node's inputs from those of its outputs, in the
     front end's own array operations (``item`` is the equation / ``tf.Operation``)."""
 
-    def input_masks(self, mctx, node: int, item, out_masks: List[Any]) -> List[Any]: ...
+    def input_masks(self, mctx, node: int, item, out_masks: list[Any]) -> list[Any]: ...
 
 
 @runtime_checkable
 class ForwardMaskRule(Protocol):
     """Per-lane tangent masks of a node's outputs from those of its inputs."""
 
-    def forward_masks(self, mctx, node: int, item, in_masks: List[Any]) -> List[Any]: ...
+    def forward_masks(self, mctx, node: int, item, in_masks: list[Any]) -> list[Any]: ...
 
 
 @runtime_checkable
@@ -132,11 +138,13 @@ class BroadcastOperandRule(Protocol):
     ones included, so the front end guards it at the output's shape with this
     output-shaped mask of input ``index``."""
 
-    def broadcast_operand_mask(self, mctx, node: int, item, index: int,
-                               out_masks: List[Any]) -> Any: ...
+    def broadcast_operand_mask(
+        self, mctx, node: int, item, index: int, out_masks: list[Any]
+    ) -> Any: ...
 
 
 # -- helpers rules are written with ------------------------------------------
+
 
 def joined(outs: Sequence[Liveness]) -> Liveness:
     """The liveness of a node's outputs taken together (a lane is live if any is)."""
@@ -158,10 +166,12 @@ def n_outputs(graph, node: int) -> int:
 
 # -- rules both front ends share -----------------------------------------------
 
+
 class ZeroDerivative(Rule):
     """The framework gives the operation a zero (or no) derivative --
     comparisons, rounding, ``stop_gradient``, argmax ...: nothing flows back
     through it, and no tangent flows forward."""
+
     kind = "zero-derivative"
 
     def transfer(self, analysis, node, outs):
@@ -185,6 +195,7 @@ class Conservative(Rule):
 
     :meth:`drops_through_unused_output` lets a front end also report lanes
     that die through an output nobody uses (see the TF rule)."""
+
     kind = "conservative"
 
     def __init__(self, reason: str):

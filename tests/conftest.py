@@ -6,6 +6,7 @@
 * ``tests/`` on ``sys.path`` so helper packages (``fuzzlib``) import the same
   way whatever the rootdir or import mode.
 """
+
 import os
 import sys
 
@@ -19,5 +20,6 @@ if _HERE not in sys.path:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "slow: long-running; also covered by a quicker variant (deselect with "
-                   "-m 'not slow')")
+        "markers",
+        "slow: long-running; also covered by a quicker variant (deselect with -m 'not slow')",
+    )

@@ -4,6 +4,7 @@ wrong use, the trace cache and methods.
 Gradients are checked against the known double-where values of the running
 example ``where(x > 0, sqrt(x), 0)`` at ``[-1, 0, 1, 4]``: ``[0, 0, .5, .25]``.
 """
+
 import dataclasses
 import inspect
 import warnings
@@ -132,8 +133,7 @@ def test_lower_and_compile():
     assert "select" in grad_text
 
 
-@pytest.mark.parametrize("bad", [3, "where_sqrt", jnp.ones(2)],
-                         ids=["int", "str", "array"])
+@pytest.mark.parametrize("bad", [3, "where_sqrt", jnp.ones(2)], ids=["int", "str", "array"])
 def test_non_callable_is_a_type_error(bad):
     with pytest.raises(TypeError, match="callable"):
         guard(bad)
@@ -150,13 +150,17 @@ def test_unknown_keyword_is_a_type_error():
         guard(where_sqrt, donate_argnums=0)  # guard is not jit
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(static_argnums=5),
-    dict(static_argnums="x"),
-    dict(static_argnums=(0.5,)),
-    dict(static_argnames="nope"),
-    dict(static_argnames=(1,)),
-], ids=["out_of_range", "str_nums", "float_nums", "unknown_name", "int_name"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(static_argnums=5),
+        dict(static_argnums="x"),
+        dict(static_argnums=(0.5,)),
+        dict(static_argnames="nope"),
+        dict(static_argnames=(1,)),
+    ],
+    ids=["out_of_range", "str_nums", "float_nums", "unknown_name", "int_name"],
+)
 def test_bad_static_arguments_are_type_errors(kwargs):
     def f(x, n=1):
         return x * n
@@ -269,8 +273,7 @@ def test_guard_as_method_decorator():
     # the model's own parameter gets its gradient too, exactly 0 from dead lanes
     gs = jax.grad(lambda m: jnp.sum(m.apply(X))).__call__(pm).s
     assert np.isfinite(gs)
-    np.testing.assert_allclose(gs, sum(0.5 * x / np.sqrt(4.0 * x) for x in (1.0, 4.0)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(gs, sum(0.5 * x / np.sqrt(4.0 * x) for x in (1.0, 4.0)), rtol=1e-6)
 
 
 def test_repr_and_traced():

@@ -10,6 +10,7 @@ the jaxprs hold), not with RSS, which the allocator does not give back:
 * no module-level cache keeps a jaxpr (and so its constants) alive after the
   guarded function dropped it.
 """
+
 import gc
 import weakref
 
@@ -45,11 +46,13 @@ def make_fn(base):
     shape of a model applied inside a jitted layer.  The constant is computed
     at trace time (a fresh array per trace, as ``params * scale`` in Python
     would be), so every trace owns its copy -- the case that adds up."""
+
     def f(x):
         const = base * np.float32(2.0)
         inner = jax.jit(lambda x: jnp.where(x.sum() > 0, jnp.sqrt(x.sum() * const), 0.0))
         outer = jax.jit(lambda x: jnp.where(x > 0, jnp.sqrt(inner(x).sum() * x), 0.0))
         return outer(x).sum() + jnp.where(x > 0, jnp.log(x), 0.0).sum() + (x.sum() * const).sum()
+
     return f
 
 

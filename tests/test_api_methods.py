@@ -9,6 +9,7 @@ decorator order; a ``classmethod``'s ``cls`` is bound as a constant.
 Oracle for gradients: the hand-written double-where of ``where(x > 0,
 sqrt(s * x), 0)``.
 """
+
 import dataclasses
 
 import jax
@@ -26,6 +27,7 @@ def oracle(s):
     def f(x):
         safe = jnp.where(x > 0, x, 1.0)
         return jnp.where(x > 0, jnp.sqrt(s * safe), 0.0)
+
     return f
 
 
@@ -112,6 +114,7 @@ def test_classmethod_keeps_one_trace_cache_per_class():
 def test_tracing_errors_name_the_users_function_and_argument():
     """A Python ``if`` on a traced value: JAX's message must name ``branchy``
     and its argument ``x``, not the internal flat wrapper and ``leaves[0]``."""
+
     @guard
     def branchy(params, x):
         if x.sum() > 0:
@@ -144,8 +147,9 @@ def test_bad_argument_errors_use_parameter_names():
 
     with pytest.raises(hlo_guard.GuardUsageError, match=r"argument 'opts' of .*f is a str"):
         guard(f)(X, "fast")
-    with pytest.raises(hlo_guard.GuardUsageError,
-                       match=r"argument 'opts' of .*f at \['k'\] is a object"):
+    with pytest.raises(
+        hlo_guard.GuardUsageError, match=r"argument 'opts' of .*f at \['k'\] is a object"
+    ):
         guard(f)(X, {"k": object()})
     with pytest.raises(hlo_guard.GuardUsageError, match=r"keyword argument 'opts' of .*f"):
         guard(f)(X, opts="fast")

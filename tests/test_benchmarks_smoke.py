@@ -7,6 +7,7 @@ guarded gradient is finite and equals the hand-written double-where gradient
 non-finite somewhere: a workload whose plain gradient is already clean would
 not measure the guard at all.
 """
+
 import os
 import re
 import sys
@@ -26,8 +27,9 @@ from benchmarks.workloads import ALL  # noqa: E402
 def test_workload_guarded_gradient_matches_double_where(workload):
     result = workload.check(workload.sizes["tiny"][0])
     assert result["gradient_equal"] and result["forward_equal"]
-    assert result["unguarded_nonfinite_lanes"] > 0, \
+    assert result["unguarded_nonfinite_lanes"] > 0, (
         f"{workload.name}: the plain gradient is finite, the workload does not exercise a guard"
+    )
 
 
 def test_hlo_parser_counts_selects_and_fusion_membership():

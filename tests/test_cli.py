@@ -5,6 +5,7 @@ stderr, never a traceback unless asked, and the documented exit codes
 (0 ok, 1 contract violation, 2 usage, 3 --strict and not clean, 4 the function
 raised).
 """
+
 import json
 import os
 import shutil
@@ -58,11 +59,13 @@ def workdir(tmp_path_factory):
 
 
 def run(workdir, *argv, module=True):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     cmd = [sys.executable, "-m", "hlo_guard", *argv] if module else list(argv)
-    return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
 
 
 def assert_clean_error(p, code, *needles):
@@ -83,8 +86,17 @@ def test_explain_text_with_a_file_path_target(workdir):
 
 
 def test_explain_json_with_module_target_static_and_keyword_args(workdir):
-    p = run(workdir, "explain", "model:scaled", "[-1,0,1,4]", "0.5", "scale=2.0",
-            "--static-argnums", "1", "--json")
+    p = run(
+        workdir,
+        "explain",
+        "model:scaled",
+        "[-1,0,1,4]",
+        "0.5",
+        "scale=2.0",
+        "--static-argnums",
+        "1",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["function"] == "scaled" and d["counts"]["guards"] >= 1
@@ -110,8 +122,18 @@ def test_compare_reports_a_changed_forward_value_with_exit_1(workdir):
 
 
 def test_dump_levels(workdir):
-    p = run(workdir, "dump", "model.py:f", "f32[4]", "--level", "stablehlo",
-            "--program", "grad", "--show", "guarded")
+    p = run(
+        workdir,
+        "dump",
+        "model.py:f",
+        "f32[4]",
+        "--level",
+        "stablehlo",
+        "--program",
+        "grad",
+        "--show",
+        "guarded",
+    )
     assert p.returncode == 0, p.stderr
     assert "hlo_guard: guard (transposed)" in p.stdout and "stablehlo.sqrt" in p.stdout
     p = run(workdir, "dump", "model.py:f", "f32[4]", "--level", "hlo", "--json")
@@ -121,21 +143,24 @@ def test_dump_levels(workdir):
 
 
 def test_usage_errors_exit_2_without_traceback(workdir):
-    assert_clean_error(run(workdir, "explain", "no_such_module:f", "f32[2]"), 2,
-                       "no module named 'no_such_module'")
-    assert_clean_error(run(workdir, "explain", "model.py:g", "f32[2]"), 2,
-                       "has no attribute 'g'", "f, ")
-    assert_clean_error(run(workdir, "explain", "model.py:f", "q32[2]"), 2,
-                       "unknown dtype 'q32'")
-    assert_clean_error(run(workdir, "explain", "missing.py:f", "f32[2]"), 2,
-                       "no such file: missing.py")
+    assert_clean_error(
+        run(workdir, "explain", "no_such_module:f", "f32[2]"), 2, "no module named 'no_such_module'"
+    )
+    assert_clean_error(
+        run(workdir, "explain", "model.py:g", "f32[2]"), 2, "has no attribute 'g'", "f, "
+    )
+    assert_clean_error(run(workdir, "explain", "model.py:f", "q32[2]"), 2, "unknown dtype 'q32'")
+    assert_clean_error(
+        run(workdir, "explain", "missing.py:f", "f32[2]"), 2, "no such file: missing.py"
+    )
     p = run(workdir, "explain", "model.py:f", "f32[2]", "--level", "hlo")
     assert p.returncode == 2 and "unrecognized arguments" in p.stderr
 
 
 def test_function_errors_exit_4(workdir):
-    assert_clean_error(run(workdir, "explain", "model.py:boom", "f32[2]"), 4,
-                       "RuntimeError: kaboom", "--traceback")
+    assert_clean_error(
+        run(workdir, "explain", "model.py:boom", "f32[2]"), 4, "RuntimeError: kaboom", "--traceback"
+    )
     p = run(workdir, "explain", "model.py:boom", "f32[2]", "--traceback")
     assert p.returncode == 4 and "Traceback" in p.stderr
 
@@ -149,6 +174,7 @@ def test_console_script(workdir):
 
 
 # -- argument specs (in process) -------------------------------------------------------------
+
 
 def test_shape_specs_are_filled_deterministically():
     a = parse_spec("f32[4]")
@@ -172,8 +198,9 @@ def test_literal_specs():
     assert args[1] == 3 and isinstance(args[1], int) and kwargs["scale"] == np.float32(0.5)
 
 
-@pytest.mark.parametrize("bad", ["f32[2", "[1,", "'text'", "[[1,2],[3]]", "x64[2]",
-                                 "{1: 2}", "1+2j"])
+@pytest.mark.parametrize(
+    "bad", ["f32[2", "[1,", "'text'", "[[1,2],[3]]", "x64[2]", "{1: 2}", "1+2j"]
+)
 def test_bad_specs_raise_a_clear_error(bad):
     with pytest.raises(SpecError):
         parse_spec(bad)

@@ -4,6 +4,7 @@ Oracles: the plain side is checked against JAX run directly by the test; the
 guarded side against the hand-written double-where program (the per-lane
 ``if``), differentiated by JAX; the statistics against numpy on hand-made arrays.
 """
+
 import json
 
 import jax
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 import hlo_guard
-from hlo_guard.inspect.compare import compare, compare_arrays
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.inspect.compare import compare, compare_arrays
 
 X = jnp.array([-1.0, 0.0, 1.0, 4.0])
 
@@ -69,8 +70,7 @@ def test_every_transform_matches_the_double_where_oracle(transform):
         want = np.asarray(want)
         assert e.shape == want.shape
         # the guarded side is stored for small arrays; recompute for large ones
-        got = np.asarray(e.guarded_values, dtype=float) if e.guarded_values is not None \
-            else None
+        got = np.asarray(e.guarded_values, dtype=float) if e.guarded_values is not None else None
         if got is not None:
             np.testing.assert_allclose(got, want, rtol=1e-6)
         assert e.guarded.nonfinite == int((~np.isfinite(want)).sum())
@@ -95,10 +95,15 @@ def test_genuine_singularity_stays_visible():
 def test_several_arguments_outputs_and_integer_leaves():
     def h(x, n, scale):
         return {"a": jnp.where(x > 0, jnp.log(x), 0.0) * scale, "b": x[n]}
+
     c = compare(hlo_guard.guard(h), X, 1, jnp.float32(3.0), transform="vjp")
     names = [e.name for e in c.derivatives]
-    assert names == ["vjp[out['a']] wrt x", "vjp[out['a']] wrt scale",
-                     "vjp[out['b']] wrt x", "vjp[out['b']] wrt scale"]
+    assert names == [
+        "vjp[out['a']] wrt x",
+        "vjp[out['a']] wrt scale",
+        "vjp[out['b']] wrt x",
+        "vjp[out['b']] wrt scale",
+    ]
     assert [e.name for e in c.values] == ["out['a']", "out['b']"]
     dx = c.derivatives[0]
     plain = jax.grad(lambda x: h(x, 1, jnp.float32(3.0))["a"].sum())(X)
@@ -114,6 +119,7 @@ def test_json_is_strict_json():
 
     def reject(name):
         raise ValueError(f"non-standard JSON constant {name}")
+
     d = json.loads(text, parse_constant=reject)
     assert d["ok"] is True and d["fixed"] == 2 and d["transform"] == "grad"
     der = d["entries"][1]
@@ -132,8 +138,8 @@ def test_compare_arrays_statistics():
     b = np.array([1.0, 0.0, 2.5, np.nan, 5.0, np.nan], np.float32)
     e = compare_arrays("derivative", "t", a, b)
     assert (e.plain.nan, e.plain.inf, e.guarded.nan, e.guarded.inf) == (2, 1, 2, 0)
-    assert e.changed == [(1,), (2,), (3,)]          # NaN vs NaN is not a change
-    assert e.max_abs_diff == 0.5                    # lanes 0, 2, 4 are finite in both
+    assert e.changed == [(1,), (2,), (3,)]  # NaN vs NaN is not a change
+    assert e.max_abs_diff == 0.5  # lanes 0, 2, 4 are finite in both
     assert e.fixed == 1 and e.introduced == 0 and e.drifted == 1
     assert not e.bitwise_equal
     worse = compare_arrays("derivative", "t", b, a)

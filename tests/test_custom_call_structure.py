@@ -12,6 +12,7 @@ as for ``sqrt(maximum(x, 0))`` (which the pass follows natively).
 
 Oracles: the hand-written double-where, or a per-lane Python ``if``.
 """
+
 from __future__ import annotations
 
 import jax
@@ -56,16 +57,19 @@ V = jnp.array([[0.0, 0.0, 0.0], [1.0, 2.0, 2.0], [3.0, 0.0, 4.0], [0.0, 0.0, 0.0
 
 def _double_where(norm, body):
     """where(n > 0, body(v, n), 0) with dead rows of v replaced by ones first."""
+
     def oracle(v):
         live = jnp.sum(v * v, -1) > 0
         safe = jnp.where(live[:, None], v, 1.0)
         return jnp.sum(jnp.where(live, body(safe, norm(safe)), 0.0))
+
     return oracle
 
 
 @pytest.mark.parametrize("norm", [norm_jvp, norm_vjp], ids=["custom_jvp", "custom_vjp"])
-@pytest.mark.parametrize("body", [lambda v, n: v[:, 0] / n, lambda v, n: jnp.log(n)],
-                         ids=["x_over_n", "f_of_n"])
+@pytest.mark.parametrize(
+    "body", [lambda v, n: v[:, 0] / n, lambda v, n: jnp.log(n)], ids=["x_over_n", "f_of_n"]
+)
 def test_norm_with_custom_rule_under_where(norm, body):
     def f(v):
         n = norm(v)
@@ -74,8 +78,9 @@ def test_norm_with_custom_rule_under_where(norm, body):
     assert np.isnan(jax.grad(f)(V)).any()  # the custom rule's NaN is real
     np.testing.assert_array_equal(guard(f)(V), f(V))
     np.testing.assert_array_equal(jax.grad(guard(f))(V), jax.grad(_double_where(norm, body))(V))
-    np.testing.assert_array_equal(jax.jit(jax.grad(guard(f)))(V),
-                                  jax.grad(_double_where(norm, body))(V))
+    np.testing.assert_array_equal(
+        jax.jit(jax.grad(guard(f)))(V), jax.grad(_double_where(norm, body))(V)
+    )
 
 
 def test_norm_guard_site_is_the_custom_call_operand():

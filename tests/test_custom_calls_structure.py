@@ -6,6 +6,7 @@ lanes must be guarded, with masks from the primal body's reduce/broadcast
 structure.  Oracles: the hand-written double-where (the dead rows replaced by
 a safe value before the call) and a per-row Python ``if``.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +53,7 @@ def _user(norm, use):
     def f(x):
         n = norm(x)
         return jnp.sum(jnp.where(n > 0, use(n), 0.0))
+
     return f
 
 
@@ -60,6 +62,7 @@ def _double_where(norm, use):
         live = jnp.sum(x * x, -1) > 0
         n = norm(jnp.where(live[:, None], x, 1.0))
         return jnp.sum(jnp.where(live, use(n), 0.0))
+
     return f
 
 

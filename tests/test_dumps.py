@@ -10,6 +10,7 @@ through hlo_guard's own marking:
   once provenance (metadata, stack frames, module name, numeric suffixes) is
   stripped: the guard costs nothing in the forward program.
 """
+
 import re
 
 import jax
@@ -18,8 +19,8 @@ import numpy as np
 import pytest
 
 import hlo_guard
-from hlo_guard.inspect.dumps import ProgramDumps, dump, dump_lowered
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.inspect.dumps import ProgramDumps, dump, dump_lowered
 from hlo_guard.inspect.explain import explain
 from hlo_guard.inspect.programs import Programs
 from hlo_guard.inspect.textdiff import jaxpr_key, normalize_hlo, stablehlo_key
@@ -40,7 +41,8 @@ FORWARD_CASES = {
     "gather": lambda x: jnp.log(x)[jnp.array([0, 2])],
     "at_set": lambda x: jnp.log(x).at[1:].set(0.0),
     "nested_where": lambda x: jnp.where(
-        x > 0.5, jnp.arccos(jnp.where(x < 2, x / 2, 0.0)), jnp.minimum(x, 1.0)),
+        x > 0.5, jnp.arccos(jnp.where(x < 2, x / 2, 0.0)), jnp.minimum(x, 1.0)
+    ),
     "norm": lambda x: jnp.linalg.norm(jnp.where(x > 0, x, 0.0)),
 }
 
@@ -78,8 +80,7 @@ def is_zeros(text, ops, name):
     if op != "stablehlo.broadcast_in_dim":
         return False
     const = operands[0]
-    return re.search(rf"{re.escape(const)} = stablehlo.constant dense<0.0+e\+00>", text) \
-        is not None
+    return re.search(rf"{re.escape(const)} = stablehlo.constant dense<0.0+e\+00>", text) is not None
 
 
 def guard_selects(text):
@@ -168,7 +169,8 @@ def test_show_modes_and_levels():
     assert "hlo_guard: guard" in both
     orig = dump(f_where, X, level="stablehlo", show="original")
     assert "hlo_guard" not in orig and orig == jax.jit(f_where).lower(X).as_text().replace(
-        'jax.result_info = "result"', 'jax.result_info = "result[0]"')
+        'jax.result_info = "result"', 'jax.result_info = "result[0]"'
+    )
     with pytest.raises(GuardUsageError, match="level must be one of"):
         dump(f_where, X, level="llvm")
     with pytest.raises(GuardUsageError, match="program must be one of"):
@@ -195,6 +197,7 @@ def test_dump_lowered_from_guarded_jit():
 def test_pytree_and_static_arguments():
     def f(p, n):
         return {"y": jnp.where(p["x"] > n, jnp.log(p["x"]), 0.0)}
+
     g = hlo_guard.guard(f, static_argnums=1)
     text = dump(g, {"x": X}, 1, level="jaxpr", program="grad", show="guarded")
     assert "hlo_guard: guard" in text
@@ -202,8 +205,12 @@ def test_pytree_and_static_arguments():
 
 def test_key_normalisers():
     assert jaxpr_key("    bh:f32[4] = select_n bf bg be") == "_:f32[4] = select_n _ _ _"
-    assert jaxpr_key("    d:f32[] = convert_element_type[new_dtype=float32 weak_type=False] b") \
+    assert (
+        jaxpr_key("    d:f32[] = convert_element_type[new_dtype=float32 weak_type=False] b")
         == "_:f32[] = convert_element_type[new_dtype=float32 weak_type=False] _"
+    )
     assert jaxpr_key("  in (d, e) }") == "in (_, _) }"
-    assert stablehlo_key("    %3 = stablehlo.sqrt %2 : tensor<4xf32>") == \
-        "% = stablehlo.sqrt % : tensor<4xf32>"
+    assert (
+        stablehlo_key("    %3 = stablehlo.sqrt %2 : tensor<4xf32>")
+        == "% = stablehlo.sqrt % : tensor<4xf32>"
+    )

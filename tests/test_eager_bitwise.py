@@ -9,6 +9,7 @@ broadcast-operand guard differentiates the operation with JAX's own rule at
 the unbroadcast operands, so the same kernels run.  The oracle is plain eager
 JAX itself, compared by bytes.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,8 +61,12 @@ def left_truncated_gamma(conc, rate, low, x):
 @pytest.mark.parametrize("fn", [left_truncated_normal, left_truncated_gamma])
 @pytest.mark.parametrize("a,b,low", [(0.3, 1.0, 0.5), (2.0, 1.3, 1.0), (7.3, 0.5, 3.0)])
 def test_numpyro_left_truncated_log_prob_value_and_grads(fn, a, b, low):
-    args = [jnp.float32(a), jnp.float32(b), jnp.float32(low),
-            jnp.array([3.5, 4.0, 9.0], jnp.float32)]
+    args = [
+        jnp.float32(a),
+        jnp.float32(b),
+        jnp.float32(low),
+        jnp.array([3.5, 4.0, 9.0], jnp.float32),
+    ]
     g = hlo_guard.guard(fn)
     same_bits(g(*args), fn(*args))
     argnums = (0, 1, 2, 3)
@@ -71,8 +76,9 @@ def test_numpyro_left_truncated_log_prob_value_and_grads(fn, a, b, low):
 SUBNORMAL = float(np.nextafter(np.float32(0), np.float32(1)))
 
 
-@pytest.mark.parametrize("f", [lambda x: jnp.mean(x, keepdims=True), lambda x: x / 1.0],
-                         ids=["mean", "div"])
+@pytest.mark.parametrize(
+    "f", [lambda x: jnp.mean(x, keepdims=True), lambda x: x / 1.0], ids=["mean", "div"]
+)
 def test_eager_forward_is_bitwise_on_subnormals_through_inline_jits(f):
     """Formerly a strict xfail: ``jnp.mean`` is an inline jit, one XLA
     computation in eager JAX (``x / 1`` simplified away, the subnormal kept);
@@ -89,8 +95,10 @@ def test_inline_jits_stay_calls_at_the_top_level_only():
     computation each); inside a jit of the user's, they are inlined as usual."""
     f = lambda x: jnp.mean(x) + jax.jit(lambda y: jnp.mean(y))(x)  # noqa: E731
     program, _ = hlo_guard.guard(f).traced(jnp.ones(3))
-    top = [(e.primitive.name, e.params.get("name"), e.params.get("inline"))
-           for e in program.closed_jaxpr.jaxpr.eqns]
+    top = [
+        (e.primitive.name, e.params.get("name"), e.params.get("inline"))
+        for e in program.closed_jaxpr.jaxpr.eqns
+    ]
     assert ("jit", "_mean", True) in top
     (inner,) = [e for e in program.closed_jaxpr.jaxpr.eqns if e.params.get("name") == "<lambda>"]
     assert all(e.primitive.name != "jit" for e in inner.params["jaxpr"].jaxpr.eqns)

@@ -5,6 +5,7 @@ dead branch's input replaced by a safe value, so no NaN can arise), never with
 hlo_guard's own output.  Forward values are compared bitwise with the
 unguarded function.
 """
+
 from __future__ import annotations
 
 import collections
@@ -75,6 +76,7 @@ def tree_loss(fn):
     def loss(params, batch):
         out = fn(params, batch)
         return jnp.sum(out["out"]) + out["aux"].lo + out["aux"].hi[0]
+
     return loss
 
 
@@ -95,6 +97,7 @@ def test_pytrees_in_and_out(wrap):
 
 # -- static and keyword arguments ----------------------------------------------------
 
+
 def moded(x, mode, scale=1.0):
     if mode == "sqrt":
         return jnp.where(x > 0, jnp.sqrt(x), 0.0) * scale
@@ -107,13 +110,17 @@ def moded_oracle(x, mode, scale=1.0):
     return jnp.where(x > 0, inner, 0.0) * scale
 
 
-@pytest.mark.parametrize("make", [
-    lambda: guard(moded, static_argnums=1),
-    lambda: guard(moded, static_argnames="mode"),
-    lambda: guarded_jit(moded, static_argnums=1),
-    lambda: guarded_jit(moded, static_argnames="mode"),
-    lambda: guarded_jit(moded, static_argnums=(1,), static_argnames=("mode",)),
-], ids=["guard-nums", "guard-names", "jit-nums", "jit-names", "jit-both"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: guard(moded, static_argnums=1),
+        lambda: guard(moded, static_argnames="mode"),
+        lambda: guarded_jit(moded, static_argnums=1),
+        lambda: guarded_jit(moded, static_argnames="mode"),
+        lambda: guarded_jit(moded, static_argnums=(1,), static_argnames=("mode",)),
+    ],
+    ids=["guard-nums", "guard-names", "jit-nums", "jit-names", "jit-both"],
+)
 @pytest.mark.parametrize("mode", ["sqrt", "log"])
 def test_static_arguments(make, mode):
     fn = make()
@@ -134,10 +141,10 @@ def test_keyword_arguments_are_dynamic_and_differentiable():
     fn = guard(moded, static_argnames="mode")
     scale = jnp.float32(3.0)
     assert bitwise_equal(fn(X, mode="sqrt", scale=scale), moded(X, "sqrt", scale=scale))
-    gx, gs = jax.grad(lambda x, s: jnp.sum(fn(x, mode="sqrt", scale=s)), argnums=(0, 1))(
-        X, scale)
-    wx, ws = jax.grad(lambda x, s: jnp.sum(moded_oracle(x, "sqrt", scale=s)),
-                      argnums=(0, 1))(X, scale)
+    gx, gs = jax.grad(lambda x, s: jnp.sum(fn(x, mode="sqrt", scale=s)), argnums=(0, 1))(X, scale)
+    wx, ws = jax.grad(lambda x, s: jnp.sum(moded_oracle(x, "sqrt", scale=s)), argnums=(0, 1))(
+        X, scale
+    )
     np.testing.assert_allclose(gx, wx, rtol=1e-6)
     np.testing.assert_allclose(gs, ws, rtol=1e-6)
 
@@ -154,6 +161,7 @@ def test_static_argnums_out_of_range_is_a_type_error():
 
 # -- shapes: zero-size, scalars ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5)])
 @pytest.mark.parametrize("wrap", [guard, guarded_jit], ids=["guard", "guarded_jit"])
 def test_zero_size_arrays(shape, wrap):
@@ -166,8 +174,11 @@ def test_zero_size_arrays(shape, wrap):
 
 
 @pytest.mark.parametrize("wrap", [guard, guarded_jit], ids=["guard", "guarded_jit"])
-@pytest.mark.parametrize("x", [0.0, -2.0, 4.0, np.float32(0.0), jnp.float32(0.0)],
-                         ids=["py0", "py-2", "py4", "np0", "jnp0"])
+@pytest.mark.parametrize(
+    "x",
+    [0.0, -2.0, 4.0, np.float32(0.0), jnp.float32(0.0)],
+    ids=["py0", "py-2", "py4", "np0", "jnp0"],
+)
 def test_scalars(wrap, x):
     assert bitwise_equal(wrap(leaky)(x), leaky(x))
     got = jax.grad(wrap(leaky))(x)
@@ -184,8 +195,10 @@ def test_genuine_scalar_singularity_stays_visible():
 
 # -- dtypes --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32],
-                         ids=["f16", "bf16", "f32"])
+
+@pytest.mark.parametrize(
+    "dtype", [np.float16, ml_dtypes.bfloat16, np.float32], ids=["f16", "bf16", "f32"]
+)
 @pytest.mark.parametrize("wrap", [guard, guarded_jit], ids=["guard", "guarded_jit"])
 def test_float_dtypes(dtype, wrap):
     x = jnp.asarray(X, dtype)
@@ -230,7 +243,7 @@ def test_complex64():
     for wrap in (guard, guarded_jit):
         out = wrap(f)(z)
         assert out.dtype == jnp.complex64 and bitwise_equal(out, f(z))
-        loss = lambda fn: (lambda z: jnp.sum(jnp.abs(fn(z)) ** 2))  # noqa: E731
+        loss = lambda fn: lambda z: jnp.sum(jnp.abs(fn(z)) ** 2)  # noqa: E731
         got = jax.grad(loss(wrap(f)))(z)
         want = jax.grad(loss(oracle))(z)
         assert got.dtype == jnp.complex64
@@ -239,6 +252,7 @@ def test_complex64():
 
 
 # -- effects -------------------------------------------------------------------------
+
 
 def with_effects(x, counter):
     a = jnp.sqrt(jnp.abs(x))
@@ -288,6 +302,7 @@ def test_effects_do_not_change_the_derivative():
 
 # -- closures ------------------------------------------------------------------------
 
+
 def test_closing_over_concrete_arrays():
     w = jnp.asarray([1.0, -1.0, 2.0, 0.0])
     f = lambda x: jnp.where(w > 0, jnp.log(x * w), 0.0)  # noqa: E731
@@ -300,6 +315,7 @@ def test_closing_over_concrete_arrays():
 
 def test_closing_over_an_outer_tracer():
     """``guard`` applied inside a jitted function whose closure is traced."""
+
     @jax.jit
     def outer(x, w):
         return jnp.sum(guard(lambda x: jnp.where(w > 0, jnp.sqrt(x * w), 0.0))(x))
@@ -319,11 +335,16 @@ def test_closing_over_an_outer_tracer():
 
 # -- wrong use -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("bad, words", [
-    ("a string", ["str", "static"]),
-    (object(), ["object", "static"]),
-    ([1.0, "x"], ["str"]),
-], ids=["str", "object", "list-with-str"])
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("a string", ["str", "static"]),
+        (object(), ["object", "static"]),
+        ([1.0, "x"], ["str"]),
+    ],
+    ids=["str", "object", "list-with-str"],
+)
 def test_non_jax_argument_is_a_clear_type_error(bad, words):
     with pytest.raises(TypeError) as info:
         guard(moded)(X, bad)
@@ -385,6 +406,7 @@ def test_decorator_forms():
 def test_method_decoration():
     """``@guard`` on a method: ``self`` is an argument like any other, so (as with
     ``jax.jit``) it must be a pytree; here a registered dataclass."""
+
     @jax.tree_util.register_dataclass
     @dataclasses.dataclass
     class Model:
@@ -395,8 +417,9 @@ def test_method_decoration():
             return leaky(x) * self.scale
 
     m = Model(jnp.float32(2.0))
-    np.testing.assert_allclose(jax.grad(total(m))(jnp.asarray(X)),
-                               2.0 * jax.grad(total(safe))(jnp.asarray(X)), rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.grad(total(m))(jnp.asarray(X)), 2.0 * jax.grad(total(safe))(jnp.asarray(X)), rtol=1e-6
+    )
 
 
 def test_method_with_non_pytree_self_names_the_problem():

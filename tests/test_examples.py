@@ -6,6 +6,7 @@ The side-by-side examples also compare themselves against their hand-written
 double-where oracle and exit 1 on a mismatch (``examples/_side_by_side.py``),
 so exit status 0 means the printed guarded gradients are right.
 """
+
 import os
 import subprocess
 import sys
@@ -18,15 +19,24 @@ EXAMPLES = ROOT / "examples"
 SCRIPTS = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
 #: scripts printing "x | plain | ... | guarded" tables (the rest are owned by
 #: other parts of the project and only have to run cleanly)
-TABLE_SCRIPTS = {"quickstart.py", "where_sqrt.py", "safe_norm.py", "disk_intersection.py",
-                 "softplus.py", "max_log.py", "clip_arccos.py", "indexing.py",
-                 "custom_vjp.py"}
+TABLE_SCRIPTS = {
+    "quickstart.py",
+    "where_sqrt.py",
+    "safe_norm.py",
+    "disk_intersection.py",
+    "softplus.py",
+    "max_log.py",
+    "clip_arccos.py",
+    "indexing.py",
+    "custom_vjp.py",
+}
 
 
 def run_script(path: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def table_rows(stdout: str):
@@ -61,5 +71,6 @@ def test_example_runs(path):
     guarded = [r[-1] for r in rows]
     assert not any("nan" in g.lower() for g in guarded), proc.stdout
     plain = [r[1] for r in rows]
-    assert any("nan" in p.lower() for p in plain), \
+    assert any("nan" in p.lower() for p in plain), (
         f"{path.name} shows no NaN in the plain column: the example demonstrates nothing"
+    )

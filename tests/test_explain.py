@@ -5,6 +5,7 @@ file's text for the expression, and which sites exist follows from the
 semantics of each example (a ``where`` kills the untaken branch's lanes, a
 ``cond`` boundary is not followed, ``cholesky`` has no rule ...).
 """
+
 import json
 import os
 
@@ -38,6 +39,7 @@ def loc_line(location: str) -> int:
 
 
 # -- the examples (each marked line is searched for by its text) -------------------------
+
 
 def f_where(x):
     return jnp.where(x > 0, jnp.sqrt(x), 0.0)  # L-where
@@ -73,8 +75,9 @@ def f_cond(x):
 
 
 def f_while(x):
-    _, y = lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, jnp.sqrt(c[1])),
-                          (0, x))  # L-while
+    _, y = lax.while_loop(
+        lambda c: c[0] < 2, lambda c: (c[0] + 1, jnp.sqrt(c[1])), (0, x)
+    )  # L-while
     return jnp.where(x > 0, y, 0.0)
 
 
@@ -84,8 +87,9 @@ def f_cholesky(a):
 
 def f_effectful(x):
     a = jnp.sqrt(x)  # L-eff
-    p = io_callback(lambda v: np.asarray(v > 0.5), jax.ShapeDtypeStruct(x.shape, jnp.bool_),
-                    a, ordered=True)
+    p = io_callback(
+        lambda v: np.asarray(v > 0.5), jax.ShapeDtypeStruct(x.shape, jnp.bool_), a, ordered=True
+    )
     return jnp.where(p, a, 0.0)
 
 
@@ -103,6 +107,7 @@ def f_static_arg(x, n):
 
 
 # -- guard sites ---------------------------------------------------------------------------
+
 
 def test_where_sqrt_site_origin_and_meaning():
     r = explain(f_where, X)
@@ -218,6 +223,7 @@ def test_no_dead_lanes_no_sites():
 
 # -- unguarded sites ------------------------------------------------------------------------
 
+
 def reverse(report):
     return [s for s in report.guards if s.mode == "reverse"]
 
@@ -260,15 +266,18 @@ def test_guard_skipped_for_effectful_mask_is_reported():
 
 # -- serialisation ---------------------------------------------------------------------------
 
+
 def test_json_round_trip_and_text():
     r = explain(f_clip, X)
     d = json.loads(r.to_json())
     assert d["framework"] == "jax" and d["function"] == "f_clip"
-    assert d["counts"]["guards"] == len(r.guards) == len(
-        [s for s in d["sites"] if s["kind"] == "guard"])
+    assert (
+        d["counts"]["guards"]
+        == len(r.guards)
+        == len([s for s in d["sites"] if s["kind"] == "guard"])
+    )
     site = next(s for s in d["sites"] if s["op"] == "div")
-    assert {"op", "location", "meaning", "primitive", "scope", "operand"} <= set(
-        site["origins"][0])
+    assert {"op", "location", "meaning", "primitive", "scope", "operand"} <= set(site["origins"][0])
     text = r.to_text()
     assert text.startswith("hlo_guard explain: f_clip(x: f32[4]) [jax]")
     first = r.guards[0]
@@ -280,10 +289,21 @@ def test_json_round_trip_and_text():
 def test_base_report_records_render_too():
     """A front end that fills only passes.report's base records still renders."""
     from passes.report import OriginRecord, SiteRecord
-    r = ExplainReport("tf", "loss", sites=[
-        SiteRecord("guard", "Sqrt", "model.py:3", operand=0,
-                   origins=[OriginRecord("SelectV2", "model.py:4", "lanes where c is false")]),
-        SiteRecord("unguarded", "While", "model.py:9", reason="control flow")])
+
+    r = ExplainReport(
+        "tf",
+        "loss",
+        sites=[
+            SiteRecord(
+                "guard",
+                "Sqrt",
+                "model.py:3",
+                operand=0,
+                origins=[OriginRecord("SelectV2", "model.py:4", "lanes where c is false")],
+            ),
+            SiteRecord("unguarded", "While", "model.py:9", reason="control flow"),
+        ],
+    )
     text = r.to_text()
     assert "GUARD #1: Sqrt operand 0 at model.py:3" in text
     assert "dead lanes: lanes where c is false" in text
@@ -315,10 +335,13 @@ def test_tensorflow_function_fills_the_same_report_model():
 EXPORTED = callable(getattr(hlo_guard, "explain", None))
 
 
-@pytest.mark.skipif(not EXPORTED, reason="lead: enable by adding the exports to "
-                                         "hlo_guard/__init__.py (see the issue-3 report)")
+@pytest.mark.skipif(
+    not EXPORTED,
+    reason="lead: enable by adding the exports to hlo_guard/__init__.py (see the issue-3 report)",
+)
 def test_public_exports():
     import importlib
+
     mod = importlib.import_module
     assert hlo_guard.explain is mod("hlo_guard.inspect.explain").explain
     assert hlo_guard.compare is mod("hlo_guard.inspect.compare").compare
@@ -353,6 +376,7 @@ def f_deep_predicate(x):
 def f_scan_body(x):
     def body(c, xi):
         return c + xi, jnp.where(xi > c, jnp.sqrt(xi - c), 0.0)  # L-scan
+
     return lax.scan(body, 0.0, x)[1]
 
 
@@ -360,7 +384,7 @@ def test_sites_are_grouped_by_the_selection_that_causes_them():
     r = explain(f_two_branches, X)
     groups = r.groups()
     assert len(groups) == 1
-    (origins, sites), = groups
+    ((origins, sites),) = groups
     assert [o.op for o in origins] == ["where"]
     assert loc_line(origins[0].location) == line_of("# L-two-br")
     assert sorted(s.op for s in sites if s.mode == "reverse") == ["exp", "log", "sqrt"]
@@ -373,8 +397,9 @@ def test_sites_are_grouped_by_the_selection_that_causes_them():
         assert f"GUARD #{n}: {s.op}" in text
     d = json.loads(r.to_json())
     assert len(d["groups"]) == 1
-    assert sorted(d["groups"][0]["sites"]) == [i for i, s in enumerate(d["sites"])
-                                               if s["kind"] == "guard"]
+    assert sorted(d["groups"][0]["sites"]) == [
+        i for i, s in enumerate(d["sites"]) if s["kind"] == "guard"
+    ]
     assert d["groups"][0]["origins"][0]["op"] == "where"
 
 
@@ -388,6 +413,7 @@ def test_two_wheres_make_two_groups():
 def _guard_operands(analysis, out):
     """(graph, operand atom) of every planned guard, nested graphs included."""
     from passes.planning import plan_guards
+
     sites, _ = plan_guards(analysis)
     out.extend((analysis.graph, analysis.graph.eqns[s.node].invars[s.index]) for s in sites)
     for sub in analysis.subs.values():
@@ -401,22 +427,26 @@ def test_constants_and_literals_are_neither_listed_nor_guarded():
     r = explain(f_constant_branches, X)
     exprs = {s.operand_expr for s in r.guards}
     assert "const" not in exprs and "0.1" not in exprs and "2.0" not in exprs
-    assert {(s.op, s.operand_expr) for s in r.guards if s.mode == "reverse"} >= {
-        ("sqrt", "x")}
+    assert {(s.op, s.operand_expr) for s in r.guards if s.mode == "reverse"} >= {("sqrt", "x")}
     assert not any(s.op == "log" for s in r.guards)
     program, _ = hlo_guard.guard(f_constant_branches).traced(X)
     for graph, atom in _guard_operands(program.analysis, []):
         assert not graph.is_constant(atom), atom
     # the guarded program uses the constant only in its log: no select on it
     closed = jax.make_jaxpr(hlo_guard.guard(f_constant_branches))(X)
-    (cvar,) = [v for v, c in zip(closed.jaxpr.constvars, closed.consts)
-               if np.shape(c) == CONST.shape and np.array_equal(c, CONST)]
+    (cvar,) = [
+        v
+        for v, c in zip(closed.jaxpr.constvars, closed.consts)
+        if np.shape(c) == CONST.shape and np.array_equal(c, CONST)
+    ]
     users = [e.primitive.name for e in closed.jaxpr.eqns if cvar in e.invars]
     assert users == ["log"], users
     # and the gradient is the per-lane oracle's (only the taken branch differentiated)
     x = np.array([0.001, 2.0, 3.0, 5.0], np.float32)
-    want = [(0.0 if v > 1 else 0.5 / np.sqrt(v)) + (0.5 / np.sqrt(v) if 0.01 < v < 4 else 0.0)
-            for v in x.astype(np.float64)]
+    want = [
+        (0.0 if v > 1 else 0.5 / np.sqrt(v)) + (0.5 / np.sqrt(v) if 0.01 < v < 4 else 0.0)
+        for v in x.astype(np.float64)
+    ]
     got = jax.grad(lambda x: jnp.sum(hlo_guard.guard(f_constant_branches)(x)))(x)
     np.testing.assert_allclose(got, want, rtol=1e-6)
 

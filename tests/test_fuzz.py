@@ -14,17 +14,17 @@ explore past the known implicit-broadcast bug (see test_fuzz_regressions.py).
 default 60, derandomized, no example database); ``make fuzz`` runs 2000.  Set
 ``HLO_GUARD_FUZZ_SEED`` to explore a different random stream.
 """
+
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
-
 from fuzzlib.checks import check_forward_mode, check_program
 from fuzzlib.program import Binary, Clip, Const, Gather, Leaf, Reduce, SetAt, Unary, Where
 from fuzzlib.strategies import input_vectors, programs
+from hypothesis import HealthCheck, given, seed, settings
 
 EXAMPLES = int(os.environ.get("HLO_GUARD_FUZZ_EXAMPLES", "60"))
 SEED = os.environ.get("HLO_GUARD_FUZZ_SEED")
@@ -35,8 +35,11 @@ FUZZ_SETTINGS = settings(
     derandomize=SEED is None,
     database=None,
     print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.filter_too_much],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
 )
 
 
@@ -65,7 +68,6 @@ def test_guarded_program_forward_mode_matches_lane_oracle(root, x, y):
     check_forward_mode(root, x, y)
 
 
-
 # -- the checks themselves can fail -----------------------------------------------------
 
 X = np.array([0.0, -1.0, 4.0, 0.25], np.float32)
@@ -85,6 +87,7 @@ LEAKING = {
 def _strong_zero(f):
     """An Enzyme-style 'strong zero' guard: every non-finite derivative becomes 0.
     It fixes dead lanes but hides genuine singularities -- clause 3 must catch it."""
+
     @jax.custom_vjp
     def g(x, y):
         return f(x, y)

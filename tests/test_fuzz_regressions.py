@@ -5,17 +5,17 @@ independent oracle it is checked against.  A test that fails because of a bug
 in the pass itself is left failing on purpose (the pass is not ours to edit
 here); its docstring says so.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import hlo_guard
 from fuzzlib.checks import check_program
 from fuzzlib.program import Binary, Clip, Const, Gather, Leaf, Reduce, SetAt, Slice, Unary, Where
 
+import hlo_guard
 
 
 def f32(*values):
@@ -45,6 +45,7 @@ def test_oracle_reduce_max_under_grad_uses_only_comparisons():
 # guard then replaces a finite, correct derivative by 0.  Oracle: plain JAX,
 # whose derivative here is finite and is the library's (or user's) definition.
 
+
 def _ste_relu_jvp():
     @jax.custom_jvp
     def ste_relu(x):
@@ -53,6 +54,7 @@ def _ste_relu_jvp():
     @ste_relu.defjvp
     def _jvp(primals, tangents):
         return ste_relu(primals[0]), tangents[0]  # straight-through: derivative 1
+
     return ste_relu
 
 
@@ -67,14 +69,14 @@ def _ste_relu_vjp():
 
 CUSTOM_RULE_CASES = {
     # name: (scalar function, point)           plain JAX derivative there
-    "ldexp": (lambda x: jnp.ldexp(x, 3), 1.5),                           # 8
-    "xlogy-x0": (lambda x: jax.scipy.special.xlogy(x, 0.5), 0.0),        # log 0.5
-    "xlog1py-x0": (lambda x: jax.scipy.special.xlog1py(x, 0.5), 0.0),    # log 1.5
-    "poch-a0": (lambda a: jax.scipy.special.poch(1.0, a), 0.0),          # -euler gamma
+    "ldexp": (lambda x: jnp.ldexp(x, 3), 1.5),  # 8
+    "xlogy-x0": (lambda x: jax.scipy.special.xlogy(x, 0.5), 0.0),  # log 0.5
+    "xlog1py-x0": (lambda x: jax.scipy.special.xlog1py(x, 0.5), 0.0),  # log 1.5
+    "poch-a0": (lambda a: jax.scipy.special.poch(1.0, a), 0.0),  # -euler gamma
     "owens_t-h-tiny": (lambda a: jax.scipy.special.owens_t(1e-20, a), 1.0),  # 1/(4 pi)
     "fresnel-C-huge": (lambda x: jax.scipy.special.fresnel(x)[1], 3.4e38),  # 1
-    "ste-relu-custom_jvp": (_ste_relu_jvp(), -1.0),                      # 1
-    "ste-relu-custom_vjp": (_ste_relu_vjp(), -1.0),                      # 1
+    "ste-relu-custom_jvp": (_ste_relu_jvp(), -1.0),  # 1
+    "ste-relu-custom_vjp": (_ste_relu_vjp(), -1.0),  # 1
 }
 
 
@@ -111,16 +113,21 @@ def _double_where_log_times(w):
 
 
 BROADCAST_CASES = {
-    "where-log-times-scalar": (lambda w: jnp.where(X2 > 0, jnp.log(X2) * w, 0.5),
-                               _double_where_log_times, jnp.float32(2.0)),
-    "minimum-pow-scalar-exponent": (lambda y: jnp.minimum(jnp.power(X2, y), 0.5),
-                                    lambda y: jnp.stack([jnp.float32(0.5),
-                                                         jnp.power(0.25, y)]),
-                                    jnp.float32(2.0)),
-    "minimum-pow-size1-exponent": (lambda y: jnp.minimum(jnp.power(X2, y), 0.5),
-                                   lambda y: jnp.concatenate([jnp.full((1,), 0.5),
-                                                              jnp.power(0.25, y)]),
-                                   jnp.array([2.0], jnp.float32)),
+    "where-log-times-scalar": (
+        lambda w: jnp.where(X2 > 0, jnp.log(X2) * w, 0.5),
+        _double_where_log_times,
+        jnp.float32(2.0),
+    ),
+    "minimum-pow-scalar-exponent": (
+        lambda y: jnp.minimum(jnp.power(X2, y), 0.5),
+        lambda y: jnp.stack([jnp.float32(0.5), jnp.power(0.25, y)]),
+        jnp.float32(2.0),
+    ),
+    "minimum-pow-size1-exponent": (
+        lambda y: jnp.minimum(jnp.power(X2, y), 0.5),
+        lambda y: jnp.concatenate([jnp.full((1,), 0.5), jnp.power(0.25, y)]),
+        jnp.array([2.0], jnp.float32),
+    ),
 }
 
 
@@ -139,12 +146,12 @@ def test_fuzz_clip_upper_bound_pow_broadcast_exponent():
     """The fuzzer's shrunk example: ``clip(0, 0, pow(x, y[0:1]))``; lane 3 of the
     upper bound (``(-1) ** huge`` = 1 > 0) is dead, and ``d/dy`` there is
     ``log(-1)`` = NaN, which leaked through the implicit broadcast of ``y[0:1]``."""
-    root = Clip(Const(0.0, 4), Const(0.0, 1),
-                Binary("pow", Leaf("x"), Slice(Leaf("y"), 0, 1, 1)))
+    root = Clip(Const(0.0, 4), Const(0.0, 1), Binary("pow", Leaf("x"), Slice(Leaf("y"), 0, 1, 1)))
     check_program(root, f32(0, 0, 0, -1), f32(3.4028234663852886e38, 0, 0, 0))
 
 
 # -- harness findings (the oracle, not the pass) --------------------------------------------
+
 
 def test_signed_zero_through_set_at_and_sqrt():
     """``zeros.at[:2].set(x[:2])`` with ``x[1] == -0.0``: JAX's JVP of the scatter
@@ -161,6 +168,7 @@ def test_forward_mode_with_a_live_singular_lane_is_not_compared():
     has no such product.  Not a dead-lane leak, so the check skips it -- but the
     reverse-mode result is still compared."""
     from fuzzlib.checks import check_forward_mode
+
     root = Unary("arccos", Leaf("x"))
     check_forward_mode(root, f32(0, 0, 0, 1), f32(0, 0, 0, 0))
     check_program(root, f32(0, 0, 0, 1), f32(0, 0, 0, 0))
@@ -183,8 +191,8 @@ def test_generator_binary_node_has_the_requested_length():
     whose two operands were both drawn broadcast (length 1) had length 1, not the
     requested n, so a ``where`` built around it had incompatible shapes and plain
     JAX itself raised.  Every generated program must be well-shaped."""
-    from hypothesis import given, settings
     from fuzzlib.strategies import nodes
+    from hypothesis import given, settings
 
     @settings(max_examples=200, deadline=None, derandomize=True)
     @given(nodes(3, 3))
@@ -201,9 +209,9 @@ def test_fuzz_forward_mode_arccos_of_maximum_with_nan_lane():
     every column of ``jacfwd`` NaN, where the per-lane oracle has no derivative in
     that lane.  max/min/clamp outputs are now never statically fully live in forward
     mode, so the arccos output is guarded."""
-    root = Unary("arccos", Binary("maximum", Slice(Leaf("x"), 0, 1, 1),
-                                  Slice(Leaf("x"), 0, 2, 1)))
+    root = Unary("arccos", Binary("maximum", Slice(Leaf("x"), 0, 1, 1), Slice(Leaf("x"), 0, 2, 1)))
     from fuzzlib.checks import check_forward_mode
+
     check_forward_mode(root, f32(0, np.nan, 0, 0), f32(0, 0, 0, 0))
     check_program(root, f32(0, np.nan, 0, 0), f32(0, 0, 0, 0))
 
@@ -215,9 +223,14 @@ def test_fuzz_forward_mode_broadcast_literal_times_inf():
     every jacfwd column.  Operands with symbolic-zero tangents now stay out of it."""
     lo = Where("eq", Const(0.0, 1), Const(0.0, 1), Slice(Leaf("x"), 0, 3, 1), Const(0.0, 1))
     hi = Binary("add", Const(0.0, 1), Const(1.0, 1))
-    root = Where("eq", Clip(Const(0.0, 3), lo, hi), Const(0.0, 1),
-                 Binary("mul", Gather(Leaf("x"), (0, 3, 0)), Const(0.0, 1)),
-                 Const(0.0, 1))
+    root = Where(
+        "eq",
+        Clip(Const(0.0, 3), lo, hi),
+        Const(0.0, 1),
+        Binary("mul", Gather(Leaf("x"), (0, 3, 0)), Const(0.0, 1)),
+        Const(0.0, 1),
+    )
     from fuzzlib.checks import check_forward_mode
+
     check_forward_mode(root, f32(0, 0, 1, np.inf), f32(0, 0, 0, 0))
     check_program(root, f32(0, 0, 1, np.inf), f32(0, 0, 0, 0))

@@ -6,6 +6,7 @@
   only by the two compat modules, so that a framework upgrade touches one file
   per front end and every private hook has its reason written next to it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -62,7 +63,8 @@ def test_framework_internals_only_in_compat_modules():
             if is_private_framework_module(name):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: {name}")
     assert not offenders, "private framework imports outside compat:\n" + "\n".join(
-        sorted(set(offenders)))
+        sorted(set(offenders))
+    )
 
 
 def test_the_scan_sees_private_imports():
@@ -75,14 +77,19 @@ def test_the_scan_sees_private_imports():
 
 # -- import cycles among our modules -------------------------------------------
 
+
 def our_imports(mod: str, path, known):
     """Our modules that ``mod`` imports (module-level and function-local alike:
     a function-local import hides a cycle, it does not remove it)."""
     found = set()
     tree = ast.parse(path.read_text(), filename=str(path))
-    type_only = {id(n) for block in ast.walk(tree)
-                 if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
-                 for stmt in block.body for n in ast.walk(stmt)}  # never run
+    type_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }  # never run
     for node in ast.walk(tree):
         if id(node) in type_only:
             continue
@@ -92,8 +99,10 @@ def our_imports(mod: str, path, known):
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # ``from pkg import sub`` imports the module pkg.sub; ``from pkg import
             # name`` the package itself
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
-                     else node.module for a in node.names]
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                for a in node.names
+            ]
         for name in names:
             if name in known and name != mod:
                 found.add(name)
@@ -143,12 +152,17 @@ KNOWN_CYCLES: list = [
     ["hlo_guard.inspect.explain_tf", "hlo_guard.tf.api", "hlo_guard.tf.report"],
     # came with the custom_jvp/shard_map work merged at the same time: the call
     # rules re-bind through the interpreter and look bodies up in the table
-    ["hlo_guard.jax_frontend.interpreter", "hlo_guard.jax_frontend.rules",
-     "hlo_guard.jax_frontend.rules.calls", "hlo_guard.jax_frontend.rules.custom_structure"],
+    [
+        "hlo_guard.jax_frontend.interpreter",
+        "hlo_guard.jax_frontend.rules",
+        "hlo_guard.jax_frontend.rules.calls",
+        "hlo_guard.jax_frontend.rules.custom_structure",
+    ],
 ]
 
 
 def test_no_import_cycles():
     cycles = import_cycles()
     assert sorted(cycles) == sorted(KNOWN_CYCLES), "import cycles among our modules:\n" + "\n".join(
-        " <-> ".join(c) for c in cycles)
+        " <-> ".join(c) for c in cycles
+    )

@@ -7,27 +7,41 @@ a toy rule table (select, a guarded "sqrt", a linear "neg"/"add", a static
 planning and :class:`passes.MaskResolver` against expectations worked out by
 hand.
 """
+
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
-from passes import (ALL, LIVE, NONE, NO_DERIVATIVE, Level, MaskAlgebra,
-                    MaskResolver, Rule, RuleTable, analyze, dead_by, partial_by,
-                    plan_guards)
+from passes import (
+    ALL,
+    LIVE,
+    NO_DERIVATIVE,
+    NONE,
+    Level,
+    MaskAlgebra,
+    MaskResolver,
+    Rule,
+    RuleTable,
+    analyze,
+    dead_by,
+    partial_by,
+    plan_guards,
+)
 from passes.lattice import MAX_ORIGINS, join_all
 
-
 # -- a fake front end -------------------------------------------------------------
+
 
 @dataclass
 class Node:
     op: str
-    inputs: List[Optional[str]]
-    outputs: List[Optional[str]]
-    params: Dict[str, Any] = field(default_factory=dict)
+    inputs: list[str | None]
+    outputs: list[str | None]
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 class FakeGraph:
@@ -84,6 +98,7 @@ class Elementwise(ToyRule):
 class Select(ToyRule):
     """select(p, a, b): a where p, b elsewhere.  ``params['p']`` is the
     predicate as a numpy array, or a Python bool for a constant predicate."""
+
     kind = "selection"
 
     def transfer(self, ctx, node, outs):
@@ -105,6 +120,7 @@ class Select(ToyRule):
 class Slice(ToyRule):
     """Keeps the lanes in ``params['keep']`` (a static boolean mask) and zeroes
     the rest: shape-preserving, so that masks stay simple."""
+
     kind = "structural"
 
     def transfer(self, ctx, node, outs):
@@ -169,13 +185,18 @@ P = np.array([True, False, True, False])
 
 def where_sqrt_graph(p=P):
     """y = select(p, sqrt(x), zero)."""
-    return FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("select", ["p", "s", "zero"], ["y"], {"p": p}),
-    ], outputs=["y"], int_values={"p"})
+    return FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("select", ["p", "s", "zero"], ["y"], {"p": p}),
+        ],
+        outputs=["y"],
+        int_values={"p"},
+    )
 
 
 # -- lattice ------------------------------------------------------------------------
+
 
 def test_join_is_or_over_lanes():
     a, b = dead_by("A"), partial_by("B")
@@ -215,6 +236,7 @@ def test_origins_are_capped_and_live_has_none():
 
 # -- analysis ------------------------------------------------------------------------
 
+
 def test_analysis_levels_where_sqrt():
     g = where_sqrt_graph()
     an = analyze(g, toy_rules())
@@ -229,11 +251,15 @@ def test_analysis_levels_where_sqrt():
 
 
 def test_a_live_use_makes_the_value_live():
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("select", ["p", "s", "zero"], ["y"], {"p": P}),
-        Node("add", ["y", "s"], ["z"]),
-    ], outputs=["z"], int_values={"p"})
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("select", ["p", "s", "zero"], ["y"], {"p": P}),
+            Node("add", ["y", "s"], ["z"]),
+        ],
+        outputs=["z"],
+        int_values={"p"},
+    )
     an = analyze(g, toy_rules())
     assert an.value_liveness("s").level is Level.LIVE
     assert an.value_liveness("x").level is Level.LIVE
@@ -250,20 +276,27 @@ def test_constant_predicate_is_statically_dead():
 
 
 def test_unused_values_are_not_recorded():
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["unused"]),
-        Node("neg", ["x"], ["y"]),
-    ], outputs=["y"])
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["unused"]),
+            Node("neg", ["x"], ["y"]),
+        ],
+        outputs=["y"],
+    )
     an = analyze(g, toy_rules())
     assert "unused" not in an.values
     assert an.value_liveness("x").is_live
 
 
 def test_unknown_operation_is_conservative_and_recorded():
-    g = FakeGraph([
-        Node("mystery", ["x"], ["m"]),
-        Node("select", ["p", "m", "zero"], ["y"], {"p": P}),
-    ], outputs=["y"], int_values={"p"})
+    g = FakeGraph(
+        [
+            Node("mystery", ["x"], ["m"]),
+            Node("select", ["p", "m", "zero"], ["y"], {"p": P}),
+        ],
+        outputs=["y"],
+        int_values={"p"},
+    )
     an = analyze(g, toy_rules())
     assert an.value_liveness("x").level is Level.LIVE
     sites, unguarded = plan_guards(an)
@@ -274,12 +307,17 @@ def test_unknown_operation_is_conservative_and_recorded():
 
 # -- planning ------------------------------------------------------------------------
 
+
 def test_planning_guards_only_nonlinear_uses():
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("neg", ["s"], ["n"]),
-        Node("select", ["p", "n", "zero"], ["y"], {"p": P}),
-    ], outputs=["y"], int_values={"p"})
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("neg", ["s"], ["n"]),
+            Node("select", ["p", "n", "zero"], ["y"], {"p": P}),
+        ],
+        outputs=["y"],
+        int_values={"p"},
+    )
     an = analyze(g, toy_rules())
     sites, unguarded = plan_guards(an)
     assert [(s.node, s.index) for s in sites] == [(0, 0)]  # sqrt, not neg
@@ -288,17 +326,22 @@ def test_planning_guards_only_nonlinear_uses():
 
 
 def test_planning_is_sorted_and_per_use():
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("log", ["x"], ["l"]),
-        Node("select", ["p", "s", "l"], ["y"], {"p": P}),
-    ], outputs=["y"], int_values={"p"})
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("log", ["x"], ["l"]),
+            Node("select", ["p", "s", "l"], ["y"], {"p": P}),
+        ],
+        outputs=["y"],
+        int_values={"p"},
+    )
     an = analyze(g, toy_rules())
     sites, _ = plan_guards(an)
     assert [(s.node, s.index) for s in sites] == [(0, 0), (1, 0)]
 
 
 # -- masks ------------------------------------------------------------------------------
+
 
 def test_mask_of_a_selected_case():
     an = analyze(where_sqrt_graph(), toy_rules())
@@ -312,11 +355,15 @@ def test_mask_of_a_selected_case():
 
 def test_mask_is_or_over_uses():
     p2 = np.array([False, True, False, False])
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("select", ["p", "s", "zero"], ["y1"], {"p": P}),
-        Node("select", ["q", "s", "zero"], ["y2"], {"p": p2}),
-    ], outputs=["y1", "y2"], int_values={"p", "q"})
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("select", ["p", "s", "zero"], ["y1"], {"p": P}),
+            Node("select", ["q", "s", "zero"], ["y2"], {"p": p2}),
+        ],
+        outputs=["y1", "y2"],
+        int_values={"p", "q"},
+    )
     an = analyze(g, toy_rules())
     r = resolver_for(an)
     np.testing.assert_array_equal(r.value_mask("s"), P | p2)
@@ -326,11 +373,15 @@ def test_mask_is_or_over_uses():
 
 def test_masks_through_a_static_slice_and_a_select():
     keep = np.array([True, True, False, False])
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("slice", ["s"], ["t"], {"keep": keep}),
-        Node("select", ["p", "t", "zero"], ["y"], {"p": P}),
-    ], outputs=["y"], int_values={"p"})
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("slice", ["s"], ["t"], {"keep": keep}),
+            Node("select", ["p", "t", "zero"], ["y"], {"p": P}),
+        ],
+        outputs=["y"],
+        int_values={"p"},
+    )
     an = analyze(g, toy_rules())
     r = resolver_for(an)
     np.testing.assert_array_equal(r.value_mask("t"), P)
@@ -340,12 +391,16 @@ def test_masks_through_a_static_slice_and_a_select():
 def test_resolver_stops_at_a_live_use():
     """Once one use makes a value fully live no further use's mask is built."""
     every = np.ones(4, dtype=bool)
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("select", ["p1", "s", "zero"], ["y1"], {"p": P}),
-        Node("select", ["p2", "s", "zero"], ["y2"], {"p": every}),  # all-true at run time
-        Node("select", ["p3", "s", "zero"], ["y3"], {"p": every}),
-    ], outputs=["y1", "y2", "y3"], int_values={"p1", "p2", "p3"})
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("select", ["p1", "s", "zero"], ["y1"], {"p": P}),
+            Node("select", ["p2", "s", "zero"], ["y2"], {"p": every}),  # all-true at run time
+            Node("select", ["p3", "s", "zero"], ["y3"], {"p": every}),
+        ],
+        outputs=["y1", "y2", "y3"],
+        int_values={"p1", "p2", "p3"},
+    )
     an = analyze(g, toy_rules())
     assert an.value_liveness("s").is_partial  # statically it cannot know
     calls = []
@@ -366,10 +421,14 @@ def test_nested_graph_output_masks_seed_the_resolver():
     """A nested graph's outputs can be partly live: their masks come from the
     caller and are OR-ed with the masks of in-graph uses."""
     seed = np.array([False, False, False, True])
-    g = FakeGraph([
-        Node("sqrt", ["x"], ["s"]),
-        Node("select", ["p", "s", "zero"], ["y"], {"p": P}),
-    ], outputs=["y", "s"], int_values={"p"})
+    g = FakeGraph(
+        [
+            Node("sqrt", ["x"], ["s"]),
+            Node("select", ["p", "s", "zero"], ["y"], {"p": P}),
+        ],
+        outputs=["y", "s"],
+        int_values={"p"},
+    )
     an = analyze(g, toy_rules(), out_liveness=[LIVE, partial_by("caller")])
     assert an.value_liveness("s").is_partial
     r = resolver_for(an, out_masks=[ALL, seed])
@@ -398,17 +457,22 @@ def test_long_chain_no_recursion_error():
 def test_engine_imports_no_framework():
     """``passes`` is framework-neutral: importing it pulls in neither JAX nor TF."""
     import subprocess
-    code = ("import sys, passes; "
-            "bad = [m for m in ('jax', 'tensorflow', 'hlo_guard') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+
+    code = (
+        "import sys, passes; "
+        "bad = [m for m in ('jax', 'tensorflow', 'hlo_guard') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 # -- select partitions: a value reaching every case of one select is live -----
 
+
 def test_partition_join_of_all_cases_is_the_select_output_liveness():
     from passes.lattice import LIVE, Level, case_of
+
     sel = "select#1"
     c0 = case_of(sel, 0, 2, LIVE)
     c1 = case_of(sel, 1, 2, LIVE)
@@ -421,6 +485,7 @@ def test_partition_join_of_all_cases_is_the_select_output_liveness():
 
 def test_partition_of_different_selects_does_not_combine():
     from passes.lattice import LIVE, Level, case_of
+
     a = case_of("select#1", 0, 2, LIVE)
     b = case_of("select#2", 1, 2, LIVE)
     joined = a.join(b)
@@ -429,12 +494,14 @@ def test_partition_of_different_selects_does_not_combine():
 
 def test_partition_is_dropped_by_lane_moving_operations():
     from passes.lattice import LIVE, Level, case_of
+
     moved = case_of("select#1", 0, 2, LIVE).without_partition()
     other = case_of("select#1", 1, 2, LIVE)
     assert moved.join(other).level is Level.PARTIAL
 
 
 # -- shared structural transfer: select partitions do not survive moved lanes ----
+
 
 class _FakeGraph:
     def __init__(self, item):
@@ -459,13 +526,16 @@ class _FakeAnalysis:
 def _structural_rules():
     """Both front ends' structural rule, each with a one-input node of its own kind."""
     from types import SimpleNamespace
+
     rules = []
     tf = pytest.importorskip("tensorflow")
     from hlo_guard.tf.rules.structural import Structural as TFStructural
+
     op = SimpleNamespace(inputs=[SimpleNamespace(dtype=tf.float32)], type="ReverseV2")
     rules.append((TFStructural(), _FakeAnalysis(op)))
     jax = pytest.importorskip("jax")
     from hlo_guard.jax_frontend.rules.structural import Structural as JaxStructural
+
     x = jax.make_jaxpr(lambda a: jax.lax.rev(a, (0,)))(np.zeros(2, np.float32))
     rules.append((JaxStructural(), _FakeAnalysis(x.jaxpr.eqns[0])))
     return rules
@@ -478,6 +548,7 @@ def test_structural_transfer_drops_select_partition_in_both_front_ends():
     p[i] nor not p[rev(i)] holds.  The two front ends once disagreed here (TF
     kept the partition); both now share passes.rules.StructuralTransfer."""
     from passes.lattice import case_of
+
     out = LIVE
     case0 = case_of("sel", 0, 2, out)
     case1 = case_of("sel", 1, 2, out)

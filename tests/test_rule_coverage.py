@@ -17,6 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from hlo_guard import explain, guard
 
+
 def _double_where(x):
     safe = jnp.where(x > 0, x, 1.0)
     return jnp.sum(jnp.where(x > 0, jnp.sqrt(safe), 0.0))
@@ -57,8 +58,9 @@ def test_optimization_barrier_of_several_values_maps_each_to_its_own():
     def oracle(x, y):
         sx = jnp.where(x > 0, x, 1.0)
         sy = jnp.where(y > 0, y, 1.0)
-        return (jnp.sum(jnp.where(x > 0, jnp.sqrt(sx), 0.0))
-                + jnp.sum(jnp.where(y > 0, jnp.log(sy), 0.0)[:2]))
+        return jnp.sum(jnp.where(x > 0, jnp.sqrt(sx), 0.0)) + jnp.sum(
+            jnp.where(y > 0, jnp.log(sy), 0.0)[:2]
+        )
 
     x = jnp.array([0.0, 4.0, -1.0])
     y = jnp.array([0.0, 2.0])

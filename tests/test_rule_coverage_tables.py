@@ -11,6 +11,7 @@ table keyed by primitive name, and the documented conservative-on-purpose list).
   through: before they had a rule, a ``device_put`` between ``sqrt`` and the
   ``where`` left the ``sqrt`` unguarded.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,14 +31,26 @@ from hlo_guard.jax_frontend.rules import RULES, calls
 from hlo_guard.jax_frontend.rules.coverage import CONSERVATIVE_ON_PURPOSE
 
 #: modules whose primitives users reach through jax.numpy / jax.lax / jax.*
-USER_FACING = ("jax._src.lax", "jax._src.dispatch", "jax._src.pjit", "jax._src.ad_checkpoint",
-               "jax._src.custom_derivatives", "jax._src.callback", "jax._src.debugging",
-               "jax._src.random", "jax._src.shard_alike", "jax._src.ffi", "jax._src.checkify",
-               "jax._src.custom_batching", "jax._src.custom_partitioning")
+USER_FACING = (
+    "jax._src.lax",
+    "jax._src.dispatch",
+    "jax._src.pjit",
+    "jax._src.ad_checkpoint",
+    "jax._src.custom_derivatives",
+    "jax._src.callback",
+    "jax._src.debugging",
+    "jax._src.random",
+    "jax._src.shard_alike",
+    "jax._src.ffi",
+    "jax._src.checkify",
+    "jax._src.custom_batching",
+    "jax._src.custom_partitioning",
+)
 
 
 def _import_all_of_jax():
     import jax._src
+
     for info in pkgutil.walk_packages(jax._src.__path__, "jax._src."):
         try:
             importlib.import_module(info.name)
@@ -48,6 +61,7 @@ def _import_all_of_jax():
 def _primitives():
     """{name: set of modules that hold a Primitive of that name}."""
     from jax._src.core import Primitive
+
     _import_all_of_jax()
     found = {}
     for modname, mod in list(sys.modules.items()):
@@ -67,8 +81,11 @@ def primitives():
 
 
 def _user_facing(found):
-    return {name for name, mods in found.items()
-            if any(m == p or m.startswith(p + ".") for m in mods for p in USER_FACING)}
+    return {
+        name
+        for name, mods in found.items()
+        if any(m == p or m.startswith(p + ".") for m in mods for p in USER_FACING)
+    }
 
 
 def test_rule_table_has_no_stale_names(primitives):
@@ -76,14 +93,17 @@ def test_rule_table_has_no_stale_names(primitives):
     assert not stale, f"rules for primitives this JAX does not have: {stale}"
 
 
-@pytest.mark.parametrize("table_name, names", [
-    ("calls.CALL_BODY_PARAM", lambda: calls.CALL_BODY_PARAM),
-    ("calls.REWRITTEN_CALLS", lambda: calls.REWRITTEN_CALLS),
-    ("interpreter.BINDERS", lambda: interpreter.BINDERS),
-    ("render.TRANSPARENT", lambda: render.TRANSPARENT),
-    ("render.INFIX", lambda: render.INFIX),
-    ("CONSERVATIVE_ON_PURPOSE", lambda: CONSERVATIVE_ON_PURPOSE),
-])
+@pytest.mark.parametrize(
+    "table_name, names",
+    [
+        ("calls.CALL_BODY_PARAM", lambda: calls.CALL_BODY_PARAM),
+        ("calls.REWRITTEN_CALLS", lambda: calls.REWRITTEN_CALLS),
+        ("interpreter.BINDERS", lambda: interpreter.BINDERS),
+        ("render.TRANSPARENT", lambda: render.TRANSPARENT),
+        ("render.INFIX", lambda: render.INFIX),
+        ("CONSERVATIVE_ON_PURPOSE", lambda: CONSERVATIVE_ON_PURPOSE),
+    ],
+)
 def test_other_primitive_tables_have_no_stale_names(primitives, table_name, names):
     stale = sorted(set(names()) - set(primitives))
     assert not stale, f"{table_name} names primitives this JAX does not have: {stale}"
@@ -91,8 +111,10 @@ def test_other_primitive_tables_have_no_stale_names(primitives, table_name, name
 
 def test_every_user_facing_primitive_is_ruled_or_conservative_on_purpose(primitives):
     unlisted = sorted(_user_facing(primitives) - set(RULES.names()) - set(CONSERVATIVE_ON_PURPOSE))
-    assert not unlisted, ("primitives with neither a rule nor a reason to be conservative "
-                          f"(add a rule, or list them in rules/coverage.py): {unlisted}")
+    assert not unlisted, (
+        "primitives with neither a rule nor a reason to be conservative "
+        f"(add a rule, or list them in rules/coverage.py): {unlisted}"
+    )
 
 
 def test_conservative_on_purpose_is_not_also_ruled():
@@ -103,6 +125,7 @@ def test_conservative_on_purpose_is_not_also_ruled():
 
 # -- conservative is reported, never silent ----------------------------------------------
 
+
 def _cholesky_diag(x):
     a = jnp.diag(x) + 4.0
     return jnp.diagonal(jax.lax.linalg.cholesky(a))
@@ -112,8 +135,9 @@ def _callback_sqrt(x):
     return jax.pure_callback(lambda v: np.sqrt(v), jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
 
-@pytest.mark.parametrize("inner, prim", [(_cholesky_diag, "cholesky"),
-                                         (_callback_sqrt, "pure_callback")])
+@pytest.mark.parametrize(
+    "inner, prim", [(_cholesky_diag, "cholesky"), (_callback_sqrt, "pure_callback")]
+)
 def test_conservative_primitive_under_a_where_is_reported(inner, prim):
     assert prim in CONSERVATIVE_ON_PURPOSE
 
@@ -131,8 +155,7 @@ X = jnp.array([-1.0, 0.0, 1.0, 4.0])
 
 def _oracle_grad(x):
     """Hand double-where: sqrt only ever sees the taken lanes."""
-    return jax.grad(lambda v: jnp.sum(jnp.where(v > 0, jnp.sqrt(jnp.where(v > 0, v, 1.0)),
-                                                0.0)))(x)
+    return jax.grad(lambda v: jnp.sum(jnp.where(v > 0, jnp.sqrt(jnp.where(v > 0, v, 1.0)), 0.0)))(x)
 
 
 def _replicated():

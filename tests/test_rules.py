@@ -7,6 +7,7 @@ Python ``if``).  Where it says something the gradient cannot, the static
 analysis is checked directly: the :class:`passes.Level` of a value, and the
 guard sites :func:`passes.planning.plan_guards` finds.
 """
+
 import math
 
 import jax
@@ -22,8 +23,8 @@ from hlo_guard import guard, guarded_jit
 from passes.lattice import Level
 from passes.planning import plan_guards
 
-
 # -- helpers ---------------------------------------------------------------------
+
 
 def _finite(tree):
     return all(np.all(np.isfinite(l)) for l in jax.tree_util.tree_leaves(tree))
@@ -68,8 +69,11 @@ def _top_level(analysis, jaxpr):
 def eqns_named(prog, name):
     """(analysis, node, eqn): the top level's equations ``name``; the analysis is
     None inside an inline jit no derivative reaches (never analysed)."""
-    return [(a, i, e) for a, i, e in _top_level(prog.analysis, prog.closed_jaxpr.jaxpr)
-            if e.primitive.name == name]
+    return [
+        (a, i, e)
+        for a, i, e in _top_level(prog.analysis, prog.closed_jaxpr.jaxpr)
+        if e.primitive.name == name
+    ]
 
 
 def level_of_output(prog, name, k=0):
@@ -111,8 +115,8 @@ NONLINEAR = {
     "log": (jnp.log, 0.0, 1.0, 2.0),
     "log1p": (jnp.log1p, -1.0, 0.0, 1.0),
     "div": (lambda x: 1.0 / x, 0.0, 1.0, 2.0),
-    "pow": (lambda x: x ** 0.5, 0.0, 1.0, 4.0),
-    "integer_pow": (lambda x: x ** -2, 0.0, 1.0, 2.0),
+    "pow": (lambda x: x**0.5, 0.0, 1.0, 4.0),
+    "integer_pow": (lambda x: x**-2, 0.0, 1.0, 2.0),
     "cbrt": (jnp.cbrt, 0.0, 1.0, 8.0),
     "acos": (jnp.arccos, 1.0, 0.0, 0.5),
     "asin": (jnp.arcsin, -1.0, 0.0, 0.5),
@@ -158,8 +162,7 @@ def test_broadcast_operand_mask_is_reduced():
     # s is live (some lane of x is) -- and x lane 0 is dead
     check(f, oracle, jnp.array([0.0, 4.0]), jnp.float32(4.0), argnums=(0, 1))
     # every lane dead: s dead too
-    oracle2 = lambda x, s: jnp.where(x > 0, jnp.sqrt(dw(x > 0, x)) * jnp.sqrt(dw(False, s)),
-                                     0.0)
+    oracle2 = lambda x, s: jnp.where(x > 0, jnp.sqrt(dw(x > 0, x)) * jnp.sqrt(dw(False, s)), 0.0)
     check(f, oracle2, jnp.array([0.0, -1.0]), jnp.float32(0.0), argnums=(0, 1))
 
 
@@ -179,6 +182,7 @@ def test_zero_derivative_ops_carry_nothing():
 
 
 # -- selection ------------------------------------------------------------------------
+
 
 def test_select_n_integer_predicate():
     """Three cases; case k is live exactly where the predicate is k (per-lane if)."""
@@ -209,8 +213,7 @@ def test_select_n_literal_predicate_is_statically_dead():
     assert level_of_output(prog, "sqrt") is Level.DEAD
     analysis, _, _ = eqns_named(prog, "sqrt")[0]  # inside jnp.sqrt's inline jit
     sites, _ = plan_guards(analysis)
-    sqrt_sites = [s for s in sites
-                  if analysis.graph.eqns[s.node].primitive.name == "sqrt"]
+    sqrt_sites = [s for s in sites if analysis.graph.eqns[s.node].primitive.name == "sqrt"]
     assert sqrt_sites and all(s.statically_dead for s in sqrt_sites)
 
 
@@ -296,14 +299,16 @@ def test_slice():
 def test_dynamic_slice_traced_start():
     f = lambda x, i: lax.dynamic_slice(jnp.sqrt(x), (i,), (2,))
     oracle = lambda x, i: lax.dynamic_slice(
-        jnp.sqrt(dw((jnp.arange(3) >= i) & (jnp.arange(3) < i + 2), x)), (i,), (2,))
+        jnp.sqrt(dw((jnp.arange(3) >= i) & (jnp.arange(3) < i + 2), x)), (i,), (2,)
+    )
     check(f, oracle, X3, jnp.int32(1))
 
 
 def test_dynamic_update_slice_overwritten_region_dead():
     f = lambda x: lax.dynamic_update_slice(jnp.sqrt(x), jnp.zeros(1), (0,))
-    oracle = lambda x: lax.dynamic_update_slice(jnp.sqrt(dw(jnp.arange(3) > 0, x)),
-                                                jnp.zeros(1), (0,))
+    oracle = lambda x: lax.dynamic_update_slice(
+        jnp.sqrt(dw(jnp.arange(3) > 0, x)), jnp.zeros(1), (0,)
+    )
     check(f, oracle, X3)
     f2 = lambda x: jnp.sqrt(x).at[:1].set(7.0)
     check(f2, oracle, X3)
@@ -331,12 +336,18 @@ def test_scatter_overwrites():
 def test_scatter_add_dropped_updates():
     """An update scattered out of bounds (mode='drop') or into a dead lane is dead."""
     f = lambda u: jnp.zeros(2).at[jnp.array([0, 5, 1])].add(jnp.sqrt(u), mode="drop")
-    oracle = lambda u: jnp.zeros(2).at[jnp.array([0, 5, 1])].add(
-        jnp.sqrt(dw(jnp.array([True, False, True]), u)), mode="drop")
+    oracle = lambda u: (
+        jnp.zeros(2)
+        .at[jnp.array([0, 5, 1])]
+        .add(jnp.sqrt(dw(jnp.array([True, False, True]), u)), mode="drop")
+    )
     check(f, oracle, jnp.array([4.0, 0.0, 1.0]))
     g = lambda u: jnp.zeros(3).at[jnp.array([0, 1, 1])].add(jnp.sqrt(u))[0]
-    oracle_g = lambda u: jnp.zeros(3).at[jnp.array([0, 1, 1])].add(
-        jnp.sqrt(dw(jnp.array([True, False, False]), u)))[0]
+    oracle_g = lambda u: (
+        jnp.zeros(3)
+        .at[jnp.array([0, 1, 1])]
+        .add(jnp.sqrt(dw(jnp.array([True, False, False]), u)))[0]
+    )
     check(g, oracle_g, jnp.array([4.0, 0.0, 0.0]))
 
 
@@ -352,16 +363,17 @@ def test_pad_negative_and_padding_value():
 
 def test_concatenate():
     f = lambda x, y: jnp.concatenate([jnp.sqrt(x), jnp.sqrt(y)])[:3]
-    oracle = lambda x, y: jnp.concatenate([jnp.sqrt(x),
-                                           jnp.sqrt(dw(jnp.arange(2) == 0, y))])[:3]
+    oracle = lambda x, y: jnp.concatenate([jnp.sqrt(x), jnp.sqrt(dw(jnp.arange(2) == 0, y))])[:3]
     gy = check(f, oracle, jnp.array([1.0, 4.0]), jnp.array([1.0, 0.0]), argnums=(0, 1))[1]
     np.testing.assert_array_equal(gy, [0.5, 0.0])
 
 
 SHAPE_OPS = {
     "reshape": (lambda a: a.reshape(2, 2), np.array([[True, False], [True, True]])),
-    "broadcast_in_dim": (lambda a: jnp.broadcast_to(a, (3, 4)),
-                         np.array([[True, False, False, True]] * 3)),
+    "broadcast_in_dim": (
+        lambda a: jnp.broadcast_to(a, (3, 4)),
+        np.array([[True, False, False, True]] * 3),
+    ),
     "transpose": (lambda a: a.reshape(2, 2).T, np.array([[True, True], [False, True]])),
     "squeeze": (lambda a: a.reshape(1, 4).squeeze(0), np.array([True, False, True, True])),
     "rev": (lambda a: a[::-1], np.array([True, True, False, True])),
@@ -384,8 +396,9 @@ def test_shape_ops_move_the_mask(name):
 
 def test_reduce_sum_scalar_condition():
     f = lambda x: jnp.where(jnp.sum(jnp.sqrt(x)) > 100, jnp.sum(jnp.sqrt(x)), 0.0)
-    oracle = lambda x: jnp.where(jnp.sum(jnp.sqrt(x)) > 100,
-                                 jnp.sum(jnp.sqrt(dw(jnp.sum(jnp.sqrt(x)) > 100, x))), 0.0)
+    oracle = lambda x: jnp.where(
+        jnp.sum(jnp.sqrt(x)) > 100, jnp.sum(jnp.sqrt(dw(jnp.sum(jnp.sqrt(x)) > 100, x))), 0.0
+    )
     check(f, oracle, X3)
 
 
@@ -414,8 +427,7 @@ def test_dot_general():
     derivative (dot's derivative is the other operand)."""
     p = jnp.array([True, False])
     f = lambda a, b: jnp.where(p, jnp.einsum("bi,bi->b", jnp.sqrt(a), b), 0.0)
-    oracle = lambda a, b: jnp.where(p, jnp.einsum("bi,bi->b", jnp.sqrt(dw(p[:, None], a)), b),
-                                    0.0)
+    oracle = lambda a, b: jnp.where(p, jnp.einsum("bi,bi->b", jnp.sqrt(dw(p[:, None], a)), b), 0.0)
     a = jnp.array([[1.0, 4.0], [0.0, 1.0]])
     b = jnp.array([[1.0, 2.0], [3.0, 4.0]])
     check(f, oracle, a, b, argnums=(0, 1))
@@ -431,8 +443,9 @@ def test_reduce_window_max_pooling():
     f = lambda x: lax.reduce_window(jnp.sqrt(x), -jnp.inf, lax.max, (2,), (2,), "VALID")
     x = jnp.array([0.0, 1.0, 4.0, 0.0])
     win = jnp.array([False, True, True, False])
-    oracle = lambda x: lax.reduce_window(jnp.where(win, jnp.sqrt(dw(win, x)), -jnp.inf),
-                                         -jnp.inf, lax.max, (2,), (2,), "VALID")
+    oracle = lambda x: lax.reduce_window(
+        jnp.where(win, jnp.sqrt(dw(win, x)), -jnp.inf), -jnp.inf, lax.max, (2,), (2,), "VALID"
+    )
     want = check(f, oracle, x)
     np.testing.assert_allclose(want, [0.0, 0.5, 0.25, 0.0])
 
@@ -450,27 +463,31 @@ def test_sort_is_conservative_and_reported():
 
 # -- calls and control flow --------------------------------------------------------------
 
+
 def _closed_call(fn, *example):
     closed = jax.make_jaxpr(fn)(*example)
 
     def call(*args):
         params = jax_core.closed_call_p.get_bind_params({"call_jaxpr": closed})
         return jax_core.closed_call_p.bind(*args, **params)[0]
+
     return call
 
 
 @pytest.mark.parametrize("kind", ["jit", "closed_call", "remat"])
 def test_calls_carry_masks_into_their_body(kind):
     x = jnp.array([-1.0, 0.0, 4.0])
-    body = {"jit": jax.jit(jnp.sqrt), "closed_call": _closed_call(jnp.sqrt, x),
-            "remat": jax.checkpoint(jnp.sqrt)}[kind]
+    body = {
+        "jit": jax.jit(jnp.sqrt),
+        "closed_call": _closed_call(jnp.sqrt, x),
+        "remat": jax.checkpoint(jnp.sqrt),
+    }[kind]
     f = lambda x: jnp.where(x > 0, body(x), 0.0)
     oracle = lambda x: jnp.where(x > 0, jnp.sqrt(dw(x > 0, x)), 0.0)
     check(f, oracle, x)
     prog = program(f, x)
     call_name = {"jit": "jit", "closed_call": "closed_call", "remat": "remat2"}[kind]
-    analysis, node, _ = [t for t in eqns_named(prog, call_name)
-                         if not t[2].params.get("inline")][0]
+    analysis, node, _ = [t for t in eqns_named(prog, call_name) if not t[2].params.get("inline")][0]
     assert analysis is prog.analysis
     sub = prog.analysis.subs[(node, 0)]
     assert ("sqrt", 0) in guarded_uses(sub)
@@ -504,16 +521,14 @@ def test_custom_derivative_calls_guarded_at_inputs(fn):
 
 
 def test_cond_body_guarded_inside():
-    f = lambda x: lax.cond(x[0] < 0, lambda v: jnp.where(v > 0, jnp.sqrt(v), 0.0),
-                           jnp.sin, x)
+    f = lambda x: lax.cond(x[0] < 0, lambda v: jnp.where(v > 0, jnp.sqrt(v), 0.0), jnp.sin, x)
     oracle = lambda x: jnp.where(x > 0, jnp.sqrt(dw(x > 0, x)), 0.0)
     check(f, oracle, jnp.array([-1.0, 0.0, 4.0]))
 
 
 def test_scan_body_guarded_inside():
     def f(xs):
-        return lax.scan(lambda c, x: (c + jnp.where(x > 0, jnp.log(x), 0.0), None),
-                        0.0, xs)[0]
+        return lax.scan(lambda c, x: (c + jnp.where(x > 0, jnp.log(x), 0.0), None), 0.0, xs)[0]
 
     oracle = lambda xs: jnp.sum(jnp.where(xs > 0, jnp.log(dw(xs > 0, xs)), 0.0))
     check(f, oracle, jnp.array([0.0, 1.0, 2.0]))
@@ -521,9 +536,11 @@ def test_scan_body_guarded_inside():
 
 def test_while_body_guarded_inside_forward_mode():
     def f(x):
-        return lax.while_loop(lambda s: s[0] < 2,
-                              lambda s: (s[0] + 1, s[1] + jnp.maximum(jnp.log(x), -5.0)),
-                              (0, jnp.zeros_like(x)))[1]
+        return lax.while_loop(
+            lambda s: s[0] < 2,
+            lambda s: (s[0] + 1, s[1] + jnp.maximum(jnp.log(x), -5.0)),
+            (0, jnp.zeros_like(x)),
+        )[1]
 
     x = jnp.array([0.0, 2.0])
     t = jnp.ones(2)
@@ -569,6 +586,7 @@ def test_unknown_primitive_is_conservative_and_reported():
 
 # -- conventions JAX's own derivatives fix ------------------------------------------------
 
+
 def test_scatter_duplicate_indices_winner_stays_live():
     """``.at[[0, 0]].set(u)``: only the update JAX lets win is differentiated;
     which one wins is read from the forward value, not assumed."""
@@ -579,8 +597,9 @@ def test_scatter_duplicate_indices_winner_stays_live():
         assert winner.sum() == 1
         win_u = np.zeros(2, bool)
         win_u[np.arange(2)[order][winner]] = True
-        oracle = lambda u: jnp.zeros(2).at[jnp.array([0, 0])].set(
-            jnp.sqrt(dw(jnp.asarray(win_u), u))[order])
+        oracle = lambda u: (
+            jnp.zeros(2).at[jnp.array([0, 0])].set(jnp.sqrt(dw(jnp.asarray(win_u), u))[order])
+        )
         want = jax.grad(_sum(oracle))(u)
         for g in (guard(f), guarded_jit(f)):
             got = np.asarray(jax.grad(_sum(g))(u))
@@ -611,13 +630,15 @@ def test_numeric_zero_weights_are_not_structural():
 
 # -- a value used directly in one case and through an op in the other ---------
 
+
 def test_value_in_every_case_of_a_where_is_statically_live():
     """``where(x > 1, x, sqrt(x))``: ``x`` reaches both cases, so it is as live as
     the where's output -- no mask (and no side computation of later predicates)
     is needed, while sqrt's own input is still guarded."""
     import jax.numpy as jnp
-    from passes.lattice import Level
+
     import hlo_guard
+    from passes.lattice import Level
 
     def f(x):
         for _ in range(3):
@@ -650,6 +671,7 @@ def test_dot_general_masks_need_no_contraction():
     a matmul: the guarded gradient of a masked matmul has as many dots as the
     double-where one."""
     import jax.numpy as jnp
+
     import hlo_guard
 
     def f(x, w):

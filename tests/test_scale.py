@@ -5,6 +5,7 @@ The 8 devices come from ``--xla_force_host_platform_device_count=8`` (set by
 the Makefile and by ``tests/conftest.py`` before JAX is imported).  Oracles: the
 same computation on one device, written with the hand-made double ``where``.
 """
+
 from __future__ import annotations
 
 import resource
@@ -16,14 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import hlo_guard
 
 needs_8 = pytest.mark.skipif(
     len(jax.devices()) < 8,
     reason="needs 8 devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=8 "
-           "(tests/conftest.py sets it unless XLA_FLAGS was already set)")
+    "(tests/conftest.py sets it unless XLA_FLAGS was already set)",
+)
 
 
 def mesh_2d():
@@ -44,8 +47,9 @@ def layer_oracle(x, w):
     a = jnp.where(pos, jnp.sqrt(jnp.where(pos, h, 1.0)), 0.0)
     logh = jnp.log(jnp.abs(h))
     inside = (logh > -3.0) & (logh < 3.0)
-    b = jnp.where(inside, jnp.log(jnp.abs(jnp.where(inside, h, 1.0))),
-                  jnp.where(logh >= 3.0, 3.0, -3.0))
+    b = jnp.where(
+        inside, jnp.log(jnp.abs(jnp.where(inside, h, 1.0))), jnp.where(logh >= 3.0, 3.0, -3.0)
+    )
     return a + b, jnp.max(a, axis=1)
 
 
@@ -53,6 +57,7 @@ def scalar_loss(fn):
     def loss(x, w):
         y, m = fn(x, w)
         return jnp.sum(y) + jnp.sum(m)
+
     return loss
 
 
@@ -121,6 +126,7 @@ def test_sharding_constraint_inside_guarded_function():
 
 
 # -- shard_map ---------------------------------------------------------------------
+
 
 def _shard_map(body, mesh, in_specs, out_specs):
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
@@ -218,9 +224,11 @@ def _trace_and_guard(n_eqns, limit_s):
     elapsed = time.perf_counter() - t0
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
     n_guarded = len(out.jaxpr.eqns)
-    sys.stderr.write(f"[scale] {steps * EQNS_PER_STEP} eqns: trace+analyse {t_analyze:.1f}s, "
-                     f"+guarded trace {elapsed:.1f}s total, {n_guarded} guarded eqns, "
-                     f"peak RSS +{grown_mb:.0f} MB\n")
+    sys.stderr.write(
+        f"[scale] {steps * EQNS_PER_STEP} eqns: trace+analyse {t_analyze:.1f}s, "
+        f"+guarded trace {elapsed:.1f}s total, {n_guarded} guarded eqns, "
+        f"peak RSS +{grown_mb:.0f} MB\n"
+    )
     assert n_guarded >= steps * EQNS_PER_STEP  # guards were actually inserted
     assert elapsed < limit_s, f"{elapsed:.0f}s for {n_eqns} equations"
     assert grown_mb < 3000, f"peak RSS grew by {grown_mb:.0f} MB"

@@ -11,6 +11,7 @@ forward value is bitwise the unguarded one.
 A second group checks the other half of the contract: genuine singularities on
 the *taken* path stay NaN/inf.
 """
+
 import math
 
 import jax
@@ -49,21 +50,22 @@ def check_seed(wrap, f, oracle, args, argnums=0, expected=None, rtol=1e-6):
     oracle_grad = jax.grad(summed(oracle), argnums=argnums)(*args)
     guarded_grad = jax.grad(summed(wrap(f)), argnums=argnums)(*args)
     plain_leaves = jax.tree_util.tree_leaves(plain_grad)
-    assert not all(np.all(np.isfinite(g)) for g in plain_leaves), \
+    assert not all(np.all(np.isfinite(g)) for g in plain_leaves), (
         "plain JAX should leak a NaN/inf here (otherwise the case tests nothing)"
-    for o, g in zip(jax.tree_util.tree_leaves(oracle_grad),
-                    jax.tree_util.tree_leaves(guarded_grad)):
+    )
+    for o, g in zip(
+        jax.tree_util.tree_leaves(oracle_grad), jax.tree_util.tree_leaves(guarded_grad)
+    ):
         assert np.all(np.isfinite(o)), "oracle itself is not finite: bad test design"
         np.testing.assert_allclose(g, o, rtol=rtol, atol=1e-7)
     if expected is not None:
-        np.testing.assert_allclose(jax.tree_util.tree_leaves(guarded_grad)[0], expected,
-                                   rtol=1e-6)
-    assert_bitwise_equal(wrap(f)(*args), jax.jit(f)(*args) if wrap is not guard
-                         else f(*args))
+        np.testing.assert_allclose(jax.tree_util.tree_leaves(guarded_grad)[0], expected, rtol=1e-6)
+    assert_bitwise_equal(wrap(f)(*args), jax.jit(f)(*args) if wrap is not guard else f(*args))
     return guarded_grad
 
 
 # -- the cases -----------------------------------------------------------------
+
 
 def test_where_sqrt(wrap):
     f = lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0)
@@ -106,8 +108,9 @@ def test_safe_distance_distinct_points_is_live(wrap):
 
 def test_arctan2_under_where(wrap):
     f = lambda x: jnp.where(x > 0, jnp.arctan2(x, x), 0.0)
-    oracle = lambda x: jnp.where(x > 0, jnp.arctan2(jnp.where(x > 0, x, 1.0),
-                                                    jnp.where(x > 0, x, 1.0)), 0.0)
+    oracle = lambda x: jnp.where(
+        x > 0, jnp.arctan2(jnp.where(x > 0, x, 1.0), jnp.where(x > 0, x, 1.0)), 0.0
+    )
     check_seed(wrap, f, oracle, (jnp.array([-1.0, 0.0, 2.0]),))
 
 
@@ -119,9 +122,10 @@ def test_indexing_a_literal_array(wrap):
 
 # -- two-disk intersection area ---------------------------------------------------
 
+
 def lens_area(r1, r2, d):
-    a1 = r1 ** 2 * jnp.arccos((d ** 2 + r1 ** 2 - r2 ** 2) / (2 * d * r1))
-    a2 = r2 ** 2 * jnp.arccos((d ** 2 + r2 ** 2 - r1 ** 2) / (2 * d * r2))
+    a1 = r1**2 * jnp.arccos((d**2 + r1**2 - r2**2) / (2 * d * r1))
+    a2 = r2**2 * jnp.arccos((d**2 + r2**2 - r1**2) / (2 * d * r2))
     k = jnp.sqrt((-d + r1 + r2) * (d + r1 - r2) * (d - r1 + r2) * (d + r1 + r2))
     return a1 + a2 - 0.5 * k
 
@@ -130,9 +134,9 @@ def disk_intersection(r1, r2, d):
     """The classic formula with nested ``jnp.where`` (the way people write it)."""
     disjoint = d >= r1 + r2
     contained = d <= jnp.abs(r1 - r2)
-    return jnp.where(disjoint, 0.0,
-                     jnp.where(contained, jnp.pi * jnp.minimum(r1, r2) ** 2,
-                               lens_area(r1, r2, d)))
+    return jnp.where(
+        disjoint, 0.0, jnp.where(contained, jnp.pi * jnp.minimum(r1, r2) ** 2, lens_area(r1, r2, d))
+    )
 
 
 def disk_intersection_oracle(r1, r2, d):
@@ -140,11 +144,12 @@ def disk_intersection_oracle(r1, r2, d):
     disjoint = d >= r1 + r2
     contained = d <= jnp.abs(r1 - r2)
     lens = ~disjoint & ~contained
-    s1, s2, sd = (jnp.where(lens, r1, 1.0), jnp.where(lens, r2, 1.0),
-                  jnp.where(lens, d, 1.0))
-    return jnp.where(disjoint, 0.0,
-                     jnp.where(contained, jnp.pi * jnp.minimum(r1, r2) ** 2,
-                               lens_area(s1, s2, sd)))
+    s1, s2, sd = (jnp.where(lens, r1, 1.0), jnp.where(lens, r2, 1.0), jnp.where(lens, d, 1.0))
+    return jnp.where(
+        disjoint,
+        0.0,
+        jnp.where(contained, jnp.pi * jnp.minimum(r1, r2) ** 2, lens_area(s1, s2, sd)),
+    )
 
 
 # disjoint, external tangency (arccos at +1), contained, internal tangency
@@ -158,7 +163,7 @@ DISKS = dict(
 
 def disk_per_lane_grad(r1, r2, d):
     """Per-lane Python ``if``: differentiate only the branch that is taken."""
-    contained = lambda a, b, c: math.pi * min(a, b) ** 2
+    lambda a, b, c: math.pi * min(a, b) ** 2
     rows = []
     for a, b, c in zip(np.asarray(r1), np.asarray(r2), np.asarray(d)):
         a, b, c = float(a), float(b), float(c)
@@ -175,8 +180,9 @@ def disk_per_lane_grad(r1, r2, d):
 
 def test_disk_intersection(wrap):
     args = (DISKS["r1"], DISKS["r2"], DISKS["d"])
-    grads = check_seed(wrap, disk_intersection, disk_intersection_oracle, args,
-                       argnums=(0, 1, 2), rtol=1e-5)
+    grads = check_seed(
+        wrap, disk_intersection, disk_intersection_oracle, args, argnums=(0, 1, 2), rtol=1e-5
+    )
     per_lane = disk_per_lane_grad(*args)
     for g, want in zip(grads, per_lane):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
@@ -191,6 +197,7 @@ def test_disk_intersection_values_unchanged(wrap):
 
 # -- overflow, infinities, selections --------------------------------------------
 
+
 def test_naive_softplus_at_100(wrap):
     f = lambda x: jnp.where(x > 20, x, jnp.log1p(jnp.exp(x)))
     oracle = lambda x: jnp.where(x > 20, x, jnp.log1p(jnp.exp(jnp.where(x > 20, 0.0, x))))
@@ -199,7 +206,7 @@ def test_naive_softplus_at_100(wrap):
 
 
 def test_where_isfinite_at_inf(wrap):
-    f = lambda x: jnp.where(jnp.isfinite(x), x ** 2, 0.0)
+    f = lambda x: jnp.where(jnp.isfinite(x), x**2, 0.0)
     oracle = lambda x: jnp.where(jnp.isfinite(x), jnp.where(jnp.isfinite(x), x, 0.0) ** 2, 0.0)
     x = jnp.array([jnp.inf, 2.0, -jnp.inf, jnp.nan])
     check_seed(wrap, f, oracle, (x,), expected=[0.0, 4.0, 0.0, 0.0])
@@ -220,8 +227,9 @@ def test_arccos_of_clip_outside(wrap):
 
     def oracle(c):
         inside = (c > -1.0) & (c < 1.0)
-        return jnp.where(inside, jnp.arccos(jnp.where(inside, c, 0.0)),
-                         jnp.where(c >= 1.0, 0.0, jnp.pi))
+        return jnp.where(
+            inside, jnp.arccos(jnp.where(inside, c, 0.0)), jnp.where(c >= 1.0, 0.0, jnp.pi)
+        )
 
     c = jnp.array([1.5, -1.5, 0.3])
     check_seed(wrap, f, oracle, (c,), expected=[0.0, 0.0, -1 / math.sqrt(1 - 0.09)])
@@ -241,8 +249,9 @@ def test_maximum_log_forward_stays_minus_five(wrap):
 
 def test_dead_xlogy(wrap):
     f = lambda x: jnp.where(x > 0, jax.scipy.special.xlogy(x, x), 0.0)
-    oracle = lambda x: jnp.where(x > 0, jax.scipy.special.xlogy(jnp.where(x > 0, x, 1.0),
-                                                                 jnp.where(x > 0, x, 1.0)), 0.0)
+    oracle = lambda x: jnp.where(
+        x > 0, jax.scipy.special.xlogy(jnp.where(x > 0, x, 1.0), jnp.where(x > 0, x, 1.0)), 0.0
+    )
     x = jnp.array([0.0, 1.0, 2.0])
     check_seed(wrap, f, oracle, (x,), expected=[0.0, 1.0, 1.0 + math.log(2.0)])
 
@@ -284,6 +293,7 @@ def test_dead_custom_derivative_sqrt(wrap, custom):
 
 # -- genuine singularities stay visible --------------------------------------------
 
+
 def test_genuine_sqrt_squared_stays_nan(wrap):
     g = jax.grad(wrap(lambda x: jnp.sqrt(x) ** 2))(0.0)
     assert np.isnan(g)
@@ -306,7 +316,7 @@ def test_genuine_clip_boundary_stays_inf(wrap):
 
 
 def test_genuine_nan_input_on_taken_lane(wrap):
-    f = lambda x: jnp.where(x > 0, x ** 2, 0.0)
+    f = lambda x: jnp.where(x > 0, x**2, 0.0)
     g = jax.grad(summed(wrap(f)))(jnp.array([1.0, jnp.inf]))
     assert g[0] == 2.0 and np.isposinf(g[1])
 
@@ -319,14 +329,14 @@ XM = jnp.array([0.0, 1.0, 2.0, 3.0])
 
 def test_masked_logsumexp(wrap):
     f = lambda x: jax.nn.logsumexp(jnp.where(MASK, jnp.log(x), -jnp.inf))
-    oracle = lambda x: jax.nn.logsumexp(jnp.where(MASK, jnp.log(jnp.where(MASK, x, 1.0)),
-                                                  -jnp.inf))
+    oracle = lambda x: jax.nn.logsumexp(jnp.where(MASK, jnp.log(jnp.where(MASK, x, 1.0)), -jnp.inf))
     check_seed(wrap, f, oracle, (XM,), expected=[0.0, 1 / 6, 1 / 6, 1 / 6])
 
 
 def test_masked_softmax(wrap):
     w = jnp.array([1.0, 2.0, -1.0, 0.5])
     f = lambda x: jax.nn.softmax(jnp.where(MASK, jnp.log(x), -jnp.inf)) * w
-    oracle = lambda x: jax.nn.softmax(
-        jnp.where(MASK, jnp.log(jnp.where(MASK, x, 1.0)), -jnp.inf)) * w
+    oracle = lambda x: (
+        jax.nn.softmax(jnp.where(MASK, jnp.log(jnp.where(MASK, x, 1.0)), -jnp.inf)) * w
+    )
     check_seed(wrap, f, oracle, (XM,), rtol=1e-5)

@@ -7,6 +7,7 @@ over.  ``f`` must be traced with those types (otherwise ``x > 0`` records no
 the type of the value they guard.  Gradients are compared with the
 hand-written double-where run in the same ``shard_map`` without any guard.
 """
+
 from __future__ import annotations
 
 import jax
@@ -18,8 +19,9 @@ from jax.sharding import PartitionSpec as P
 
 from hlo_guard import guard
 
-pytestmark = pytest.mark.skipif(jax.device_count() < 8,
-                                reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+pytestmark = pytest.mark.skipif(
+    jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8"
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,9 @@ def _smap(mesh, body, in_specs, out_specs=None):
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
 
-XS = jnp.array([-2.0, 0.0, 1.0, 4.0, 0.0, 9.0, -1.0, 2.0,
-                3.0, 0.0, 0.0, -5.0, 16.0, 0.25, 0.0, 1.0])
+XS = jnp.array(
+    [-2.0, 0.0, 1.0, 4.0, 0.0, 9.0, -1.0, 2.0, 3.0, 0.0, 0.0, -5.0, 16.0, 0.25, 0.0, 1.0]
+)
 
 
 def test_where_sqrt_on_sharded_values(mesh):
@@ -49,8 +52,9 @@ def test_where_sqrt_on_sharded_values(mesh):
     assert np.isnan(jax.grad(total(f))(XS)).any()  # the problem is real
     np.testing.assert_array_equal(total(guard(f))(XS), total(f)(XS))
     np.testing.assert_array_equal(jax.grad(total(guard(f)))(XS), jax.grad(total(oracle))(XS))
-    np.testing.assert_array_equal(jax.jit(jax.grad(total(guard(f))))(XS),
-                                  jax.grad(total(oracle))(XS))
+    np.testing.assert_array_equal(
+        jax.jit(jax.grad(total(guard(f))))(XS), jax.grad(total(oracle))(XS)
+    )
 
 
 def test_static_mask_from_slicing_in_the_body(mesh):
@@ -71,6 +75,7 @@ def test_replicated_parameter_used_with_sharded_data(mesh):
     """``w`` is invariant (replicated), ``x`` varies: ``log(w)`` is computed
     once per device and ``pvary``-ed; its lanes are live where ``x > 0`` on
     *any* device, and the cotangent of ``w`` is a ``psum`` over devices."""
+
     def f(w, x):
         return jnp.sum(jnp.where(x > 0, jnp.log(w) * x, 0.0))
 
@@ -80,20 +85,24 @@ def test_replicated_parameter_used_with_sharded_data(mesh):
     def total(inner):
         return _smap(mesh, lambda w, x: jax.lax.psum(inner(w, x), "i"), (P(), P("i")))
 
-    x = jnp.tile(jnp.array([1.0, -1.0]), 8)           # lane 1 dead on every device
+    x = jnp.tile(jnp.array([1.0, -1.0]), 8)  # lane 1 dead on every device
     w = jnp.array([2.0, 0.0])
     assert np.isnan(jax.grad(total(f))(w, x)).any()
-    for got, want in zip(jax.grad(total(guard(f)), argnums=(0, 1))(w, x),
-                         jax.grad(total(oracle), argnums=(0, 1))(w, x)):
+    for got, want in zip(
+        jax.grad(total(guard(f)), argnums=(0, 1))(w, x),
+        jax.grad(total(oracle), argnums=(0, 1))(w, x),
+    ):
         np.testing.assert_array_equal(got, want)
-    x2 = x.at[3].set(5.0)                              # lane 1 live on one device only
+    x2 = x.at[3].set(5.0)  # lane 1 live on one device only
     w2 = jnp.array([2.0, 3.0])
-    np.testing.assert_allclose(jax.grad(total(guard(f)))(w2, x2), jax.grad(total(oracle))(w2, x2),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.grad(total(guard(f)))(w2, x2), jax.grad(total(oracle))(w2, x2), rtol=1e-6
+    )
 
 
 def test_maximum_in_the_body(mesh):
     """The losing side of ``maximum``: a static-free, per-device mask."""
+
     def f(x):
         return jnp.sum(jnp.maximum(jnp.sqrt(x), 1.0))
 
@@ -105,6 +114,7 @@ def test_maximum_in_the_body(mesh):
 
     xs = jnp.abs(XS).at[2].set(1.5).at[6].set(0.64).at[15].set(0.5)  # no ties at sqrt(x) == 1
     assert np.isnan(jax.grad(total(f))(xs)).any()
-    np.testing.assert_allclose(jax.grad(total(guard(f)))(xs), oracle_grad(np.asarray(xs)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.grad(total(guard(f)))(xs), oracle_grad(np.asarray(xs)), rtol=1e-6
+    )
     np.testing.assert_array_equal(total(guard(f))(xs), total(f)(xs))

@@ -2,6 +2,7 @@
 (issue 9, item 3): the trace must carry the operands' varying manual axes, or
 re-binding a comparison against a literal fails with 'Primitive gt requires
 varying manual axes to match'."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +27,10 @@ def _sharded(local):
     mesh = jax.make_mesh((8,), ("i",))
 
     def f(x):
-        return jax.shard_map(lambda v: jax.lax.psum(local(v), "i"), mesh=mesh,
-                             in_specs=P("i"), out_specs=P())(x)
+        return jax.shard_map(
+            lambda v: jax.lax.psum(local(v), "i"), mesh=mesh, in_specs=P("i"), out_specs=P()
+        )(x)
+
     return mesh, f
 
 

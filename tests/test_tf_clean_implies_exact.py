@@ -9,12 +9,13 @@ unguarded site, or the guarded gradient equals the hand-written double-where
 oracle (no NaN/inf from dead lanes).  A few constructs must moreover *be* clean
 (guarded, not merely reported), so that the sweep cannot pass vacuously.
 """
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import assert_same, xla_grads
 
 import hlo_guard.tf as hg
-from test_tf_support import assert_same, xla_grads
 
 X = tf.constant([-1.0, 0.0, 1.0, 4.0, 0.0, 9.0])
 POS = tf.constant([1.0, 0.0, 1.0, 4.0, 0.0, 9.0])
@@ -43,6 +44,7 @@ def loop_sum(body):
         for _ in tf.range(3):
             s += body(x)
         return s
+
     return fn
 
 
@@ -52,6 +54,7 @@ def tensor_array(body):
         for i in tf.range(2):
             arr = arr.write(i, body(x) * tf.cast(i + 1, tf.float32))
         return arr.stack()
+
     return fn
 
 
@@ -76,90 +79,193 @@ def keras_relu_sqrt(x):
 # (name, fn, oracle, input, must be clean, XLA-compilable)
 CASES = [
     ("where_sqrt", where_sqrt, where_sqrt_oracle, X, True, True),
-    ("where_log", lambda x: tf.where(x > 0, tf.math.log(x), 0.0),
-     lambda x: tf.where(x > 0, tf.math.log(safe(x, x > 0)), 0.0), X, True, True),
+    (
+        "where_log",
+        lambda x: tf.where(x > 0, tf.math.log(x), 0.0),
+        lambda x: tf.where(x > 0, tf.math.log(safe(x, x > 0)), 0.0),
+        X,
+        True,
+        True,
+    ),
     ("for_range_loop", loop_sum(where_sqrt), loop_sum(where_sqrt_oracle), X, True, True),
-    ("tensor_array_loop", tensor_array(where_sqrt), tensor_array(where_sqrt_oracle), X,
-     True, True),
+    ("tensor_array_loop", tensor_array(where_sqrt), tensor_array(where_sqrt_oracle), X, True, True),
     ("map_fn", map_fn(where_sqrt), map_fn(where_sqrt_oracle), X, False, True),
-    ("map_fn_rows", lambda x: tf.map_fn(lambda r: tf.reduce_sum(where_sqrt(r)),
-                                        tf.reshape(x, [2, 3])),
-     lambda x: tf.map_fn(lambda r: tf.reduce_sum(where_sqrt_oracle(r)),
-                         tf.reshape(x, [2, 3])), X, False, True),
-    ("map_fn_of_singular", lambda x: tf.map_fn(lambda v: tf.where(v > 0, v, 0.0), tf.sqrt(x)),
-     lambda x: tf.map_fn(lambda v: tf.where(v > 0, v, 0.0), tf.sqrt(safe(x, x > 0))),
-     POS, False, True),
-    ("cond_branch", lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: where_sqrt(x),
-                                      lambda: x),
-     lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: where_sqrt_oracle(x), lambda: x),
-     X, True, True),
-    ("unsorted_segment_sum_negative_ids",
-     lambda x: tf.math.unsorted_segment_sum(tf.sqrt(x), IDS, 3),
-     lambda x: tf.math.unsorted_segment_sum(tf.sqrt(safe(x, dropped_by_ids(x))), IDS, 3),
-     POS, True, True),
-    ("unsorted_segment_mean_negative_ids",
-     lambda x: tf.math.unsorted_segment_mean(tf.sqrt(x), IDS, 3),
-     lambda x: tf.math.unsorted_segment_mean(tf.sqrt(safe(x, dropped_by_ids(x))), IDS, 3),
-     POS, True, True),
-    ("unsorted_segment_prod_negative_ids",
-     lambda x: tf.math.unsorted_segment_prod(tf.sqrt(x), IDS, 3),
-     lambda x: tf.math.unsorted_segment_prod(tf.sqrt(safe(x, dropped_by_ids(x))), IDS, 3),
-     POS, True, True),
-    ("unsorted_segment_max_losers",
-     lambda x: tf.math.unsorted_segment_max(tf.sqrt(x), tf.constant([0, 0, 1, 1, 1, 2]), 3),
-     lambda x: tf.math.unsorted_segment_max(
-         tf.where(MAX_WINNERS, tf.sqrt(safe(x, MAX_WINNERS)), -np.inf),
-         tf.constant([0, 0, 1, 1, 1, 2]), 3),
-     POS, True, True),
+    (
+        "map_fn_rows",
+        lambda x: tf.map_fn(lambda r: tf.reduce_sum(where_sqrt(r)), tf.reshape(x, [2, 3])),
+        lambda x: tf.map_fn(lambda r: tf.reduce_sum(where_sqrt_oracle(r)), tf.reshape(x, [2, 3])),
+        X,
+        False,
+        True,
+    ),
+    (
+        "map_fn_of_singular",
+        lambda x: tf.map_fn(lambda v: tf.where(v > 0, v, 0.0), tf.sqrt(x)),
+        lambda x: tf.map_fn(lambda v: tf.where(v > 0, v, 0.0), tf.sqrt(safe(x, x > 0))),
+        POS,
+        False,
+        True,
+    ),
+    (
+        "cond_branch",
+        lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: where_sqrt(x), lambda: x),
+        lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: where_sqrt_oracle(x), lambda: x),
+        X,
+        True,
+        True,
+    ),
+    (
+        "unsorted_segment_sum_negative_ids",
+        lambda x: tf.math.unsorted_segment_sum(tf.sqrt(x), IDS, 3),
+        lambda x: tf.math.unsorted_segment_sum(tf.sqrt(safe(x, dropped_by_ids(x))), IDS, 3),
+        POS,
+        True,
+        True,
+    ),
+    (
+        "unsorted_segment_mean_negative_ids",
+        lambda x: tf.math.unsorted_segment_mean(tf.sqrt(x), IDS, 3),
+        lambda x: tf.math.unsorted_segment_mean(tf.sqrt(safe(x, dropped_by_ids(x))), IDS, 3),
+        POS,
+        True,
+        True,
+    ),
+    (
+        "unsorted_segment_prod_negative_ids",
+        lambda x: tf.math.unsorted_segment_prod(tf.sqrt(x), IDS, 3),
+        lambda x: tf.math.unsorted_segment_prod(tf.sqrt(safe(x, dropped_by_ids(x))), IDS, 3),
+        POS,
+        True,
+        True,
+    ),
+    (
+        "unsorted_segment_max_losers",
+        lambda x: tf.math.unsorted_segment_max(tf.sqrt(x), tf.constant([0, 0, 1, 1, 1, 2]), 3),
+        lambda x: tf.math.unsorted_segment_max(
+            tf.where(MAX_WINNERS, tf.sqrt(safe(x, MAX_WINNERS)), -np.inf),
+            tf.constant([0, 0, 1, 1, 1, 2]),
+            3,
+        ),
+        POS,
+        True,
+        True,
+    ),
     # not XLA-compilable, so run as graphs; log, because TF's graph kernels
     # special-case a zero cotangent for Sqrt (never for Log)
-    ("sparse_segment_sum_unread",
-     lambda x: tf.sparse.segment_sum(tf.math.log(x), [0, 2, 3], [0, 0, 1]),
-     lambda x: tf.sparse.segment_sum(
-         tf.math.log(safe(x, tf.constant([True, False, True, True, False, False]))),
-         [0, 2, 3], [0, 0, 1]),
-     POS, True, False),
-    ("gather", lambda x: tf.gather(tf.sqrt(x), [2, 3]),
-     lambda x: tf.gather(tf.sqrt(safe(x, tf.constant([False, False, True, True, False,
-                                                     False]))), [2, 3]), POS, True, True),
-    ("strided_slice", lambda x: tf.sqrt(x)[2:4],
-     lambda x: tf.sqrt(safe(x, tf.constant([False, False, True, True, False, False])))[2:4],
-     POS, True, True),
-    ("boolean_mask", lambda x: tf.boolean_mask(tf.math.log(x), x > 0),
-     lambda x: tf.boolean_mask(tf.math.log(safe(x, x > 0)), x > 0), POS, True, False),
-    ("top_k", lambda x: tf.math.top_k(tf.sqrt(x), 2).values,
-     lambda x: tf.math.top_k(tf.sqrt(safe(x, tf.constant([False, False, False, True, False,
-                                                          True]))), 2).values, POS, True, True),
-    ("einsum_diagonal", lambda x: tf.einsum("ii->i", tf.sqrt(tf.reshape(x[:4], [2, 2]))),
-     lambda x: tf.einsum("ii->i", tf.sqrt(safe(tf.reshape(x[:4], [2, 2]),
-                                              tf.eye(2, dtype=tf.bool)))), POS, True, True),
-    ("einsum_product_under_where",
-     lambda x: tf.where(x > 0, tf.einsum("i,i->i", tf.sqrt(x), x), 0.0),
-     lambda x: tf.where(x > 0, tf.einsum("i,i->i", tf.sqrt(safe(x, x > 0)), x), 0.0), X,
-     True, True),
+    (
+        "sparse_segment_sum_unread",
+        lambda x: tf.sparse.segment_sum(tf.math.log(x), [0, 2, 3], [0, 0, 1]),
+        lambda x: tf.sparse.segment_sum(
+            tf.math.log(safe(x, tf.constant([True, False, True, True, False, False]))),
+            [0, 2, 3],
+            [0, 0, 1],
+        ),
+        POS,
+        True,
+        False,
+    ),
+    (
+        "gather",
+        lambda x: tf.gather(tf.sqrt(x), [2, 3]),
+        lambda x: tf.gather(
+            tf.sqrt(safe(x, tf.constant([False, False, True, True, False, False]))), [2, 3]
+        ),
+        POS,
+        True,
+        True,
+    ),
+    (
+        "strided_slice",
+        lambda x: tf.sqrt(x)[2:4],
+        lambda x: tf.sqrt(safe(x, tf.constant([False, False, True, True, False, False])))[2:4],
+        POS,
+        True,
+        True,
+    ),
+    (
+        "boolean_mask",
+        lambda x: tf.boolean_mask(tf.math.log(x), x > 0),
+        lambda x: tf.boolean_mask(tf.math.log(safe(x, x > 0)), x > 0),
+        POS,
+        True,
+        False,
+    ),
+    (
+        "top_k",
+        lambda x: tf.math.top_k(tf.sqrt(x), 2).values,
+        lambda x: (
+            tf.math.top_k(
+                tf.sqrt(safe(x, tf.constant([False, False, False, True, False, True]))), 2
+            ).values
+        ),
+        POS,
+        True,
+        True,
+    ),
+    (
+        "einsum_diagonal",
+        lambda x: tf.einsum("ii->i", tf.sqrt(tf.reshape(x[:4], [2, 2]))),
+        lambda x: tf.einsum(
+            "ii->i", tf.sqrt(safe(tf.reshape(x[:4], [2, 2]), tf.eye(2, dtype=tf.bool)))
+        ),
+        POS,
+        True,
+        True,
+    ),
+    (
+        "einsum_product_under_where",
+        lambda x: tf.where(x > 0, tf.einsum("i,i->i", tf.sqrt(x), x), 0.0),
+        lambda x: tf.where(x > 0, tf.einsum("i,i->i", tf.sqrt(safe(x, x > 0)), x), 0.0),
+        X,
+        True,
+        True,
+    ),
     ("reduce_max", lambda x: tf.reduce_max(tf.sqrt(x)), reduce_max_oracle, POS, True, True),
-    ("keras_relu_then_sqrt", keras_relu_sqrt,
-     lambda x: tf.where(x > 0, tf.sqrt(safe(x, x > 0)), 0.0), X, True, True),
-    ("cond_unused_output",
-     lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: (tf.sqrt(x), x * 2.0),
-                       lambda: (x, x))[1],
-     lambda x: x * 2.0, X, True, True),
-    ("while_unused_output",
-     lambda x: tf.while_loop(lambda i, s, y: i < 2,
-                             lambda i, s, y: (i + 1, s + x, tf.sqrt(x)),
-                             (0, tf.zeros_like(x), tf.zeros_like(x)),
-                             maximum_iterations=2)[1],
-     lambda x: 2.0 * x, X, False, True),
-    ("dynamic_partition_no_rule",
-     lambda x: tf.dynamic_partition(tf.math.log(x), tf.constant([0, 0, 1, 1, 0, 1]), 2)[1],
-     lambda x: tf.dynamic_partition(
-         tf.math.log(safe(x, tf.constant([False, False, True, True, False, True]))),
-         tf.constant([0, 0, 1, 1, 0, 1]), 2)[1], POS, False, False),
+    (
+        "keras_relu_then_sqrt",
+        keras_relu_sqrt,
+        lambda x: tf.where(x > 0, tf.sqrt(safe(x, x > 0)), 0.0),
+        X,
+        True,
+        True,
+    ),
+    (
+        "cond_unused_output",
+        lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: (tf.sqrt(x), x * 2.0), lambda: (x, x))[1],
+        lambda x: x * 2.0,
+        X,
+        True,
+        True,
+    ),
+    (
+        "while_unused_output",
+        lambda x: tf.while_loop(
+            lambda i, s, y: i < 2,
+            lambda i, s, y: (i + 1, s + x, tf.sqrt(x)),
+            (0, tf.zeros_like(x), tf.zeros_like(x)),
+            maximum_iterations=2,
+        )[1],
+        lambda x: 2.0 * x,
+        X,
+        False,
+        True,
+    ),
+    (
+        "dynamic_partition_no_rule",
+        lambda x: tf.dynamic_partition(tf.math.log(x), tf.constant([0, 0, 1, 1, 0, 1]), 2)[1],
+        lambda x: tf.dynamic_partition(
+            tf.math.log(safe(x, tf.constant([False, False, True, True, False, True]))),
+            tf.constant([0, 0, 1, 1, 0, 1]),
+            2,
+        )[1],
+        POS,
+        False,
+        False,
+    ),
 ]
 
 
-@pytest.mark.parametrize("name,fn,oracle,x,must_be_clean,xla",
-                         CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,fn,oracle,x,must_be_clean,xla", CASES, ids=[c[0] for c in CASES])
 def test_report_clean_implies_oracle_gradient(name, fn, oracle, x, must_be_clean, xla):
     guarded = hg.guard(fn)
     got = xla_grads(guarded, x, jit=xla)[0]
@@ -182,8 +288,9 @@ def test_map_fn_body_is_guarded_and_the_list_boundary_reported():
     assert_same(got, xla_grads(map_fn(where_sqrt_oracle), X)[0])
     report = hg.report(guarded, X)
     assert any(s.op.startswith("Sqrt") and "while" in s.scope for s in report.guards)
-    assert any(s.op.startswith("TensorListGetItem") and "TensorList" in s.reason
-               for s in report.unguarded)
+    assert any(
+        s.op.startswith("TensorListGetItem") and "TensorList" in s.reason for s in report.unguarded
+    )
 
 
 def test_op_without_rule_is_reported_even_with_live_outputs():
@@ -193,17 +300,20 @@ def test_op_without_rule_is_reported_even_with_live_outputs():
     a = tf.constant([[1.0, 0.0], [4.0, 9.0]])
     guarded = hg.guard(lambda a: tf.linalg.band_part(tf.sqrt(a), -1, 0))
     report = hg.report(guarded, a)
-    assert any(s.op.startswith("MatrixBandPart") and "no rule" in s.reason
-               for s in report.unguarded)
+    assert any(
+        s.op.startswith("MatrixBandPart") and "no rule" in s.reason for s in report.unguarded
+    )
     assert np.isnan(xla_grads(guarded, a)[0]).any()  # indeed not guarded
 
 
 def test_cond_output_nobody_uses_is_cut_inside_the_branch():
     """TF's ``If`` gradient feeds zeros to an unused output; the branch's
     ``sqrt`` computed only for it must not turn that into NaN."""
+
     def fn(x):
-        used, _unused = tf.cond(tf.reduce_sum(x) > 0,
-                                lambda: (x * 2.0, tf.math.log(x)), lambda: (x, x))
+        used, _unused = tf.cond(
+            tf.reduce_sum(x) > 0, lambda: (x * 2.0, tf.math.log(x)), lambda: (x, x)
+        )
         return used
 
     guarded = hg.guard(fn)

@@ -8,23 +8,26 @@ same XLA compilation; ties follow TF's derivative (``maximum``/``minimum``:
 ``x`` wins; ``clip_by_value``: ``t`` wins at the bounds), so a genuine
 ``sqrt'(0) = inf`` on a taken lane stays inf.
 """
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import assert_same, bitwise_equal
 
 import hlo_guard.tf as hg
-from test_tf_support import assert_same, bitwise_equal
 
 X = tf.constant([-1.0, 0.0, 1.0, 4.0])
 
 
 def jvp(fn, x, jit=True):
     """(value, tangent of fn at x along ones), inside tf.function(jit_compile=jit)."""
+
     @tf.function(jit_compile=jit)
     def run(x):
         with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
             y = fn(x)
         return y, acc.jvp(y, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
     y, t = run(x)
     return y.numpy(), t.numpy()
 
@@ -34,20 +37,44 @@ def safe(x, keep, fill=1.0):
 
 
 CASES = [
-    ("maximum", lambda x: tf.sqrt(tf.maximum(x, 0.0)),
-     lambda x: tf.where(x >= 0, tf.sqrt(safe(x, x >= 0)), 0.0), X),
-    ("minimum", lambda x: tf.sqrt(1.0 - tf.minimum(x, 1.0)),
-     lambda x: tf.where(x <= 1, tf.sqrt(1.0 - safe(x, x <= 1, 0.0)), 0.0),
-     tf.constant([1.0, 2.0, 0.0, -3.0])),
-    ("clip_by_value", lambda x: tf.sqrt(tf.clip_by_value(x, 0.0, 2.0)),
-     lambda x: tf.where(x < 0, 0.0, tf.where(x > 2, tf.sqrt(2.0),
-                                             tf.sqrt(safe(x, (x >= 0) & (x <= 2))))), X),
-    ("where_constant_branch", lambda x: tf.sqrt(tf.where(x > 0, x, 0.0)),
-     lambda x: tf.where(x > 0, tf.sqrt(safe(x, x > 0)), 0.0), X),
-    ("acos_of_maximum", lambda x: tf.acos(tf.maximum(x, 1.0)),
-     lambda x: tf.where(x >= 1, tf.acos(safe(x, x >= 1, 0.0)), 0.0), X),
-    ("log_of_relu", lambda x: tf.math.log(tf.nn.relu(x)),
-     lambda x: tf.where(x > 0, tf.math.log(safe(x, x > 0)), -np.inf), X),
+    (
+        "maximum",
+        lambda x: tf.sqrt(tf.maximum(x, 0.0)),
+        lambda x: tf.where(x >= 0, tf.sqrt(safe(x, x >= 0)), 0.0),
+        X,
+    ),
+    (
+        "minimum",
+        lambda x: tf.sqrt(1.0 - tf.minimum(x, 1.0)),
+        lambda x: tf.where(x <= 1, tf.sqrt(1.0 - safe(x, x <= 1, 0.0)), 0.0),
+        tf.constant([1.0, 2.0, 0.0, -3.0]),
+    ),
+    (
+        "clip_by_value",
+        lambda x: tf.sqrt(tf.clip_by_value(x, 0.0, 2.0)),
+        lambda x: tf.where(
+            x < 0, 0.0, tf.where(x > 2, tf.sqrt(2.0), tf.sqrt(safe(x, (x >= 0) & (x <= 2))))
+        ),
+        X,
+    ),
+    (
+        "where_constant_branch",
+        lambda x: tf.sqrt(tf.where(x > 0, x, 0.0)),
+        lambda x: tf.where(x > 0, tf.sqrt(safe(x, x > 0)), 0.0),
+        X,
+    ),
+    (
+        "acos_of_maximum",
+        lambda x: tf.acos(tf.maximum(x, 1.0)),
+        lambda x: tf.where(x >= 1, tf.acos(safe(x, x >= 1, 0.0)), 0.0),
+        X,
+    ),
+    (
+        "log_of_relu",
+        lambda x: tf.math.log(tf.nn.relu(x)),
+        lambda x: tf.where(x > 0, tf.math.log(safe(x, x > 0)), -np.inf),
+        X,
+    ),
 ]
 
 
@@ -57,7 +84,7 @@ def test_forward_accumulator_gives_the_double_where_tangent(name, fn, oracle, x,
     y, t = jvp(hg.guard(fn), x, jit)
     y_plain, t_plain = jvp(fn, x, jit)
     _, t_expected = jvp(oracle, x, jit)
-    assert bitwise_equal(y, y_plain)          # guards never change a value
+    assert bitwise_equal(y, y_plain)  # guards never change a value
     assert_same(t, t_expected)
     assert np.isnan(t_plain).any() or not np.isnan(t_expected).any()
 
@@ -76,28 +103,48 @@ SEGMENT_LIVE = tf.constant([True, False, True])
 
 # lanes moved, created (padding, empty segments) or combined before the singular op
 STRUCTURAL_CASES = [
-    ("pad", lambda x: tf.sqrt(tf.pad(x * x, [[1, 1]])),
-     lambda x: tf.pad(tf.sqrt(x * x), [[1, 1]])),
-    ("concat_with_constant", lambda x: tf.sqrt(tf.concat([x * x, tf.zeros([2])], 0)),
-     lambda x: tf.concat([tf.sqrt(x * x), tf.zeros([2])], 0)),
-    ("gather_of_where", lambda x: tf.sqrt(tf.gather(tf.where(x > 0, x, 0.0), [0, 2, 3])),
-     lambda x: tf.gather(where_sqrt_oracle(x), [0, 2, 3])),
-    ("transpose_of_where",
-     lambda x: tf.sqrt(tf.transpose(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]))),
-     lambda x: tf.transpose(tf.reshape(where_sqrt_oracle(x), [2, 2]))),
-    ("matmul_of_where",
-     lambda x: tf.sqrt(tf.matmul(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]), tf.eye(2))),
-     lambda x: tf.reshape(where_sqrt_oracle(x), [2, 2])),
-    ("row_sums_of_where",
-     lambda x: tf.sqrt(tf.reduce_sum(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]), axis=1)),
-     row_sums_oracle),
-    ("empty_segment",
-     lambda x: tf.sqrt(tf.math.unsorted_segment_sum(x * x + 1.0, [0, 0, 2, 2], 3)),
-     lambda x: tf.where(SEGMENT_LIVE, tf.sqrt(safe(
-         tf.math.unsorted_segment_sum(x * x + 1.0, [0, 0, 2, 2], 3), SEGMENT_LIVE)), 0.0)),
-    ("cond_branch", lambda x: tf.cond(tf.reduce_sum(x) > 0,
-                                      lambda: tf.sqrt(tf.where(x > 0, x, 0.0)), lambda: x),
-     lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: where_sqrt_oracle(x), lambda: x)),
+    ("pad", lambda x: tf.sqrt(tf.pad(x * x, [[1, 1]])), lambda x: tf.pad(tf.sqrt(x * x), [[1, 1]])),
+    (
+        "concat_with_constant",
+        lambda x: tf.sqrt(tf.concat([x * x, tf.zeros([2])], 0)),
+        lambda x: tf.concat([tf.sqrt(x * x), tf.zeros([2])], 0),
+    ),
+    (
+        "gather_of_where",
+        lambda x: tf.sqrt(tf.gather(tf.where(x > 0, x, 0.0), [0, 2, 3])),
+        lambda x: tf.gather(where_sqrt_oracle(x), [0, 2, 3]),
+    ),
+    (
+        "transpose_of_where",
+        lambda x: tf.sqrt(tf.transpose(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]))),
+        lambda x: tf.transpose(tf.reshape(where_sqrt_oracle(x), [2, 2])),
+    ),
+    (
+        "matmul_of_where",
+        lambda x: tf.sqrt(tf.matmul(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]), tf.eye(2))),
+        lambda x: tf.reshape(where_sqrt_oracle(x), [2, 2]),
+    ),
+    (
+        "row_sums_of_where",
+        lambda x: tf.sqrt(tf.reduce_sum(tf.reshape(tf.where(x > 0, x, 0.0), [2, 2]), axis=1)),
+        row_sums_oracle,
+    ),
+    (
+        "empty_segment",
+        lambda x: tf.sqrt(tf.math.unsorted_segment_sum(x * x + 1.0, [0, 0, 2, 2], 3)),
+        lambda x: tf.where(
+            SEGMENT_LIVE,
+            tf.sqrt(safe(tf.math.unsorted_segment_sum(x * x + 1.0, [0, 0, 2, 2], 3), SEGMENT_LIVE)),
+            0.0,
+        ),
+    ),
+    (
+        "cond_branch",
+        lambda x: tf.cond(
+            tf.reduce_sum(x) > 0, lambda: tf.sqrt(tf.where(x > 0, x, 0.0)), lambda: x
+        ),
+        lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: where_sqrt_oracle(x), lambda: x),
+    ),
 ]
 
 
@@ -139,6 +186,7 @@ def test_forward_mode_through_keras_relu():
 def test_reverse_mode_unchanged_by_output_guards():
     """The same functions' reverse-mode gradients still equal the oracle's."""
     from test_tf_support import xla_grads
+
     for _, fn, oracle, x in CASES:
         assert_same(xla_grads(hg.guard(fn), x)[0], xla_grads(oracle, x)[0])
 

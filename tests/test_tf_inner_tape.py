@@ -6,15 +6,16 @@ reach them: before this check ``@guarded_function`` on a train step returned
 the unguarded (NaN) gradient and a clean report.  The error says where the
 guard belongs; the pattern it recommends gives the double-where gradient.
 """
+
 import inspect
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import assert_same
 
 import hlo_guard.tf as hg
 from hlo_guard.errors import GuardUsageError
-from test_tf_support import assert_same
 
 X = tf.constant([-1.0, 0.0, 1.0, 4.0])
 
@@ -25,6 +26,7 @@ def where_sqrt(x):
 
 def oracle_grad(x):
     """d/dx sum(where(x > 0, sqrt(x), 0)) by the double-where, under XLA."""
+
     @tf.function(jit_compile=True)
     def run(x):
         with tf.GradientTape() as tape:
@@ -32,6 +34,7 @@ def oracle_grad(x):
             safe = tf.where(x > 0, x, tf.ones_like(x))
             y = tf.reduce_sum(tf.where(x > 0, tf.sqrt(safe), 0.0))
         return tape.gradient(y, x)
+
     return run(x).numpy()
 
 
@@ -41,6 +44,7 @@ def test_tape_inside_guarded_function_raises_and_says_where_to_guard():
             tape.watch(x)
             y = tf.reduce_sum(where_sqrt(x))
         return tape.gradient(y, x)
+
     tape_line = inspect.getsourcelines(step)[1] + 4
 
     f = hg.guarded_function(step)
@@ -124,5 +128,6 @@ def test_nested_guard_without_tape_is_accepted():
             y = tf.reduce_sum(outer(x))
         return tape.gradient(y, x)
 
-    np.testing.assert_allclose(grad(tf.constant([0.0, 0.0, 1.0, 4.0])).numpy(),
-                               [0.0, 0.0, 1.0, 0.5])
+    np.testing.assert_allclose(
+        grad(tf.constant([0.0, 0.0, 1.0, 4.0])).numpy(), [0.0, 0.0, 1.0, 0.5]
+    )

@@ -5,16 +5,17 @@ flow; plus reports, IR dumps and the import boundary.
 Oracles are hand-written double-where programs run the same way (same XLA
 compilation), or TF eager where eager is right.
 """
+
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import assert_same, bitwise_equal, xla_forward, xla_grads
 
 import hlo_guard.tf as hg
 from passes.report import Report
-from test_tf_support import assert_same, bitwise_equal, xla_forward, xla_grads
 
 
 def where_sqrt(x):
@@ -26,6 +27,7 @@ def where_sqrt_oracle(x):
 
 
 # -- captured variables -----------------------------------------------------------------
+
 
 def test_gradient_wrt_captured_variable():
     v = tf.Variable([1.0, 2.0, 3.0, 4.0])
@@ -43,6 +45,7 @@ def test_gradient_wrt_captured_variable():
                 tape.watch(x)
                 y = tf.reduce_sum(f(x))
             return tape.gradient(y, [x, v])
+
         return [g.numpy() for g in run(x)]
 
     x = tf.constant([-1.0, 0.0, 1.0, 4.0])
@@ -104,6 +107,7 @@ def test_variable_update_inside_runs_once():
 
 # -- other AD modes ----------------------------------------------------------------------
 
+
 def test_second_order_nested_tapes():
     def hessian_diag(fn, x):
         @tf.function(jit_compile=True)
@@ -115,6 +119,7 @@ def test_second_order_nested_tapes():
                     y = tf.reduce_sum(fn(x))
                 g = inner.gradient(y, x)
             return outer.gradient(g, x)
+
         return run(x).numpy()
 
     x = tf.constant([-1.0, 0.0, 1.0, 4.0])
@@ -126,9 +131,10 @@ def test_second_order_nested_tapes():
 def test_forward_accumulator_jvp(name):
     """Forward mode through TF's where/maximum selects tangents (no leak in
     TF); the guards must leave it exact."""
-    fns = {"where_sqrt": (where_sqrt, [-1.0, 0.0, 1.0, 4.0], [0.0, 0.0, 0.5, 0.25]),
-           "max_log": (lambda x: tf.maximum(tf.math.log(x), -5.0), [0.0, 1.0, 2.0],
-                       [0.0, 1.0, 0.5])}
+    fns = {
+        "where_sqrt": (where_sqrt, [-1.0, 0.0, 1.0, 4.0], [0.0, 0.0, 0.5, 0.25]),
+        "max_log": (lambda x: tf.maximum(tf.math.log(x), -5.0), [0.0, 1.0, 2.0], [0.0, 1.0, 0.5]),
+    }
     fn, xs, expected = fns[name]
 
     @tf.function(jit_compile=True)
@@ -142,11 +148,13 @@ def test_forward_accumulator_jvp(name):
 
 # -- Keras --------------------------------------------------------------------------------
 
+
 def _keras_model(seed=0):
     keras = pytest.importorskip("keras")
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="relu"),
-                              keras.layers.Dense(4)])
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(4)]
+    )
     return keras, model
 
 
@@ -225,21 +233,24 @@ def test_keras_safe_norm_layer():
 
 # -- dtypes and shapes ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float64])
 def test_dtypes(dtype):
     x = tf.constant([-1.0, 0.0, 1.0, 4.0], dtype)
-    plain, = xla_grads(where_sqrt, x)
+    (plain,) = xla_grads(where_sqrt, x)
     assert np.isnan(np.asarray(plain, np.float64)[:2]).all()
-    guarded, = xla_grads(hg.guard(where_sqrt), x)
-    expected, = xla_grads(where_sqrt_oracle, x)
+    (guarded,) = xla_grads(hg.guard(where_sqrt), x)
+    (expected,) = xla_grads(where_sqrt_oracle, x)
     assert guarded.dtype == expected.dtype
     np.testing.assert_array_equal(np.asarray(guarded, np.float64), np.asarray(expected, np.float64))
     assert bitwise_equal(xla_forward(hg.guard(where_sqrt), x), xla_forward(where_sqrt, x))
 
 
 def test_dynamic_shape_input_signature():
-    f = hg.guarded_function(lambda x: tf.gather(tf.sqrt(x), tf.range(1, tf.shape(x)[0])),
-                            input_signature=[tf.TensorSpec([None], tf.float32)])
+    f = hg.guarded_function(
+        lambda x: tf.gather(tf.sqrt(x), tf.range(1, tf.shape(x)[0])),
+        input_signature=[tf.TensorSpec([None], tf.float32)],
+    )
     for xs in ([0.0, 1.0, 4.0], [0.0, 4.0, 16.0, 1.0, 9.0]):
         x = tf.constant(xs)
         with tf.GradientTape() as tape:
@@ -255,6 +266,7 @@ def test_dynamic_shape_input_signature():
 def test_broadcast_operand_is_guarded_at_output_shape(dynamic):
     """y (shape [3]) meets a dead lane of log(x) (shape [2, 3]): its gradient
     sums 0 * -inf from that lane unless the guard works at the output shape."""
+
     def fn(x, y):
         return tf.where(x > 0, tf.math.log(x) * y, 0.0)
 
@@ -274,6 +286,7 @@ def test_broadcast_operand_is_guarded_at_output_shape(dynamic):
 
 # -- nesting and control flow ------------------------------------------------------------
 
+
 def test_nested_tf_function_is_inlined():
     @tf.function
     def inner(x):
@@ -283,7 +296,7 @@ def test_nested_tf_function_is_inlined():
         return tf.where(x > 0, inner(x), 0.0)
 
     x = tf.constant([-1.0, 0.0, 1.0, 4.0])
-    guarded, = xla_grads(hg.guard(fn), x)
+    (guarded,) = xla_grads(hg.guard(fn), x)
     np.testing.assert_array_equal(guarded, [0, 0, 0.5, 0.25])
     rep = hg.report(hg.guard(fn), x)
     assert [s.op.split()[0] for s in rep.guards] == ["Sqrt"]
@@ -305,8 +318,7 @@ def test_cond_is_conservative_and_reported():
 
 def test_cond_branch_is_guarded_inside():
     def fn(x):
-        return tf.cond(tf.reduce_sum(x) > 0, lambda: tf.where(x > 0, tf.sqrt(x), 0.0),
-                       lambda: x)
+        return tf.cond(tf.reduce_sum(x) > 0, lambda: tf.where(x > 0, tf.sqrt(x), 0.0), lambda: x)
 
     x = tf.constant([-1.0, 0.0, 1.0, 4.0])
     assert np.isnan(xla_grads(fn, x)[0][:2]).all()
@@ -321,8 +333,7 @@ def test_cond_branch_is_guarded_inside():
 def test_switch_case_branch_is_guarded_inside():
     def fn(x):
         index = tf.cast(tf.reduce_sum(x) > 0, tf.int32)
-        return tf.switch_case(index, [lambda: x * 2.0,
-                                      lambda: tf.where(x > 0, tf.sqrt(x), 0.0)])
+        return tf.switch_case(index, [lambda: x * 2.0, lambda: tf.where(x > 0, tf.sqrt(x), 0.0)])
 
     x = tf.constant([-1.0, 0.0, 1.0, 4.0])
     assert np.isnan(xla_grads(fn, x)[0][:2]).all()
@@ -335,8 +346,10 @@ def test_while_body_is_guarded_inside():
     def fn(x):
         def body(i, acc):
             return i + 1, acc + tf.where(x > 0, tf.sqrt(x), 0.0)
-        _, acc = tf.while_loop(lambda i, a: i < 3, body, (tf.constant(0), tf.zeros_like(x)),
-                               maximum_iterations=3)
+
+        _, acc = tf.while_loop(
+            lambda i, a: i < 3, body, (tf.constant(0), tf.zeros_like(x)), maximum_iterations=3
+        )
         return acc
 
     def oracle(x):
@@ -377,6 +390,7 @@ def test_custom_gradient_is_conservative():
 
 # -- API surface ---------------------------------------------------------------------------
 
+
 def test_guarded_function_options_and_errors():
     f = hg.guarded_function(jit_compile=False, reduce_retracing=True)(where_sqrt)
     x = tf.constant([-1.0, 0.0, 4.0])
@@ -400,11 +414,12 @@ def test_structured_outputs_and_keyword_arguments():
     np.testing.assert_array_equal(out["a"], [1.0, 1.0, 5.0])
     assert out["b"][1] is None
     np.testing.assert_array_equal(out["b"][0], x)
-    grads, = xla_grads(lambda x: g(x=x, scale=3.0, offset=0.5)["a"], x)
+    (grads,) = xla_grads(lambda x: g(x=x, scale=3.0, offset=0.5)["a"], x)
     np.testing.assert_array_equal(grads, [0.0, 0.0, 0.75])
 
 
 # -- reports and dumps ----------------------------------------------------------------------
+
 
 def test_report_names_guard_and_origin():
     g = hg.guarded_function(where_sqrt)
@@ -439,16 +454,38 @@ def test_compiler_ir_stages(stage):
 
 def test_rule_table_covers_the_issue_ops():
     names = set(hg.rule_names())
-    for op in ["SelectV2", "Select", "Maximum", "Minimum", "ClipByValue", "Max", "Min",
-               "GatherV2", "StridedSlice", "Slice", "ConcatV2", "Pack", "Reshape",
-               "Transpose", "BroadcastTo", "Sum", "MatMul", "BatchMatMulV2", "Sqrt",
-               "StopGradient", "IsFinite", "Floor", "Sign"]:
+    for op in [
+        "SelectV2",
+        "Select",
+        "Maximum",
+        "Minimum",
+        "ClipByValue",
+        "Max",
+        "Min",
+        "GatherV2",
+        "StridedSlice",
+        "Slice",
+        "ConcatV2",
+        "Pack",
+        "Reshape",
+        "Transpose",
+        "BroadcastTo",
+        "Sum",
+        "MatMul",
+        "BatchMatMulV2",
+        "Sqrt",
+        "StopGradient",
+        "IsFinite",
+        "Floor",
+        "Sign",
+    ]:
         assert op in names, op
 
 
 def test_import_hlo_guard_does_not_import_tensorflow():
-    code = ("import sys, hlo_guard; "
-            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+    code = (
+        "import sys, hlo_guard; "
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -5,6 +5,7 @@ hand-written double-where training, weight for weight, under XLA
 The oracle is the same model trained by Keras's own ``train_step`` on the
 double-where version of the loss.
 """
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,11 +15,21 @@ keras = pytest.importorskip("keras")
 import hlo_guard.tf as hg  # noqa: E402
 from hlo_guard.errors import GuardUsageError  # noqa: E402
 
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                                reason="needs the TensorFlow Keras backend")
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="needs the TensorFlow Keras backend"
+)
 
-X = np.array([[1.0, -2.0, 0.5], [-1.0, 0.3, 2.0], [0.0, 0.0, 0.0], [0.2, 0.1, -0.3],
-              [0.5, 0.5, 0.5], [-0.7, 1.1, 0.0]], "float32")
+X = np.array(
+    [
+        [1.0, -2.0, 0.5],
+        [-1.0, 0.3, 2.0],
+        [0.0, 0.0, 0.0],
+        [0.2, 0.1, -0.3],
+        [0.5, 0.5, 0.5],
+        [-0.7, 1.1, 0.0],
+    ],
+    "float32",
+)
 
 
 def masked_sqrt_loss(y_true, y_pred):
@@ -34,8 +45,9 @@ def masked_sqrt_loss_oracle(y_true, y_pred):
 
 def _sequential(seed=0):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="relu"),
-                             keras.layers.Dense(4)])
+    return keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)]
+    )
 
 
 def _fit(model, loss, hook, x=X, y=None, epochs=3, **fit_kwargs):
@@ -43,8 +55,7 @@ def _fit(model, loss, hook, x=X, y=None, epochs=3, **fit_kwargs):
     if hook:
         hg.keras.guard_train_step(model)
     y = np.ones((len(x), 4), "float32") if y is None else y
-    history = model.fit(x, y, epochs=epochs, batch_size=2, verbose=0, shuffle=False,
-                        **fit_kwargs)
+    history = model.fit(x, y, epochs=epochs, batch_size=2, verbose=0, shuffle=False, **fit_kwargs)
     return [w.numpy() for w in model.weights], history.history["loss"]
 
 
@@ -57,7 +68,7 @@ def _assert_same_weights(got, expected):
 
 def test_fit_masked_sqrt_loss_equals_double_where():
     plain, _ = _fit(_sequential(), masked_sqrt_loss, hook=False)
-    assert any(np.isnan(w).any() for w in plain)           # the bug, under XLA
+    assert any(np.isnan(w).any() for w in plain)  # the bug, under XLA
     expected, expected_loss = _fit(_sequential(), masked_sqrt_loss_oracle, hook=False)
     got, got_loss = _fit(_sequential(), masked_sqrt_loss, hook=True)
     _assert_same_weights(got, expected)
@@ -83,15 +94,17 @@ class PlainLogRegressor(LogRegressor):
 def masked_log_mse(y_true, y_pred):
     # padded targets are 0: log(0) = -inf on lanes the mask drops
     mask = y_true > 0
-    return tf.reduce_sum(tf.where(mask, tf.square(tf.math.log(y_true) - tf.math.log(y_pred)),
-                                  0.0)) / tf.reduce_sum(tf.cast(mask, tf.float32))
+    return tf.reduce_sum(
+        tf.where(mask, tf.square(tf.math.log(y_true) - tf.math.log(y_pred)), 0.0)
+    ) / tf.reduce_sum(tf.cast(mask, tf.float32))
 
 
 def masked_log_mse_oracle(y_true, y_pred):
     mask = y_true > 0
     safe_true = tf.where(mask, y_true, 1.0)
-    return tf.reduce_sum(tf.where(mask, tf.square(tf.math.log(safe_true) - tf.math.log(y_pred)),
-                                  0.0)) / tf.reduce_sum(tf.cast(mask, tf.float32))
+    return tf.reduce_sum(
+        tf.where(mask, tf.square(tf.math.log(safe_true) - tf.math.log(y_pred)), 0.0)
+    ) / tf.reduce_sum(tf.cast(mask, tf.float32))
 
 
 def _padded_targets():
@@ -113,8 +126,9 @@ def test_mixin_masked_log_regression_equals_double_where():
     y = _padded_targets()
     plain, _ = _fit(_build(PlainLogRegressor), masked_log_mse, hook=False, y=y)
     assert any(np.isnan(w).any() for w in plain)
-    expected, expected_loss = _fit(_build(PlainLogRegressor), masked_log_mse_oracle,
-                                   hook=False, y=y)
+    expected, expected_loss = _fit(
+        _build(PlainLogRegressor), masked_log_mse_oracle, hook=False, y=y
+    )
     got, got_loss = _fit(_build(LogRegressor), masked_log_mse, hook=False, y=y)
     _assert_same_weights(got, expected)
     np.testing.assert_allclose(got_loss, expected_loss, rtol=1e-6)
@@ -123,23 +137,39 @@ def test_mixin_masked_log_regression_equals_double_where():
 def test_sample_weights_metrics_dropout_and_batchnorm_match_keras():
     """Stateful layers (Dropout's seed state, BatchNorm's moving statistics),
     sample weights and compiled metrics run exactly as in Keras's own step."""
+
     def model():
         keras.utils.set_random_seed(3)
-        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(8),
-                                 keras.layers.BatchNormalization(),
-                                 keras.layers.Dropout(0.3), keras.layers.Dense(4)])
+        return keras.Sequential(
+            [
+                keras.Input((3,)),
+                keras.layers.Dense(8),
+                keras.layers.BatchNormalization(),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(4),
+            ]
+        )
+
     sw = np.linspace(0.5, 1.5, len(X)).astype("float32")
     runs = []
     for hook in (False, True):
         m = model()
         # SGD: Adam would blow the ~1e-9 rounding noise of the pre-BatchNorm bias
         # gradient (truly 0) up to a full step, in either program
-        m.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"],
-                  jit_compile=True)
+        m.compile(
+            optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"], jit_compile=True
+        )
         if hook:
             hg.keras.guard_train_step(m)
-        h = m.fit(X, np.ones((len(X), 4), "float32"), sample_weight=sw, epochs=2,
-                  batch_size=3, verbose=0, shuffle=False)
+        h = m.fit(
+            X,
+            np.ones((len(X), 4), "float32"),
+            sample_weight=sw,
+            epochs=2,
+            batch_size=3,
+            verbose=0,
+            shuffle=False,
+        )
         runs.append(([w.numpy() for w in m.weights], h.history))
     (expected, eh), (got, gh) = runs
     for g, e in zip(got, expected):  # XLA may fuse the two programs differently

@@ -3,6 +3,7 @@ decorator on a ``tf.Module``: ``self`` is bound (the signature describes the
 arguments after it), and the module saves with ``tf.saved_model.save``; the
 reloaded method gives the same values and the same guarded gradients, under
 XLA, as the hand-written double-where program."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,8 +11,10 @@ import tensorflow as tf
 import hlo_guard.tf as hg
 
 SIGNATURE = [tf.TensorSpec([None], tf.float32)]
-DECORATORS = {"guard": hg.guard(input_signature=SIGNATURE),
-              "guarded_function": hg.guarded_function(input_signature=SIGNATURE)}
+DECORATORS = {
+    "guard": hg.guard(input_signature=SIGNATURE),
+    "guarded_function": hg.guarded_function(input_signature=SIGNATURE),
+}
 
 
 def make_module(kind, w):
@@ -42,6 +45,7 @@ def xla_value_and_grad(fn, w, x):
             y = fn(x)
             total = tf.reduce_sum(y)
         return y, tape.gradient(total, w)
+
     y, g = step(x)
     return y.numpy(), g.numpy()
 
@@ -62,7 +66,7 @@ def _check(fn, w, x):
 def test_method_with_input_signature_binds_self(kind):
     m = make_module(kind, W)
     plain = lambda x: tf.where(m.w * x > 0, tf.sqrt(m.w * x), 0.0)
-    assert np.isnan(xla_value_and_grad(plain, m.w, X)[1]).any()      # the bug
+    assert np.isnan(xla_value_and_grad(plain, m.w, X)[1]).any()  # the bug
     _check(m.f, m.w, X)
     _check(m.f, m.w, tf.constant([2.0, 0.5, -1.0, 0.0]))
     # one guard per instance: another module has its own variable
@@ -84,6 +88,8 @@ def test_module_saves_and_reloads_guarded(kind, tmp_path):
     # eager tape on the reloaded function too
     with tf.GradientTape() as tape:
         total = tf.reduce_sum(loaded.f(X))
-    np.testing.assert_allclose(tape.gradient(total, loaded.w).numpy(),
-                               xla_value_and_grad(lambda x: oracle(m.w, x), m.w, X)[1],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        tape.gradient(total, loaded.w).numpy(),
+        xla_value_and_grad(lambda x: oracle(m.w, x), m.w, X)[1],
+        rtol=1e-6,
+    )

@@ -1,6 +1,7 @@
 """Reports of the TF front end as users reach them: a guarded Keras model, the
 report's dumps, a plain TF function given to the JAX-side tools (explain,
 dump, CLI), and no autograph noise for lambdas."""
+
 import io
 import logging
 
@@ -44,6 +45,7 @@ def _xla_weight_grads(fn, model):
         with tf.GradientTape() as tape:
             y = tf.reduce_sum(fn(x))
         return tape.gradient(y, model.trainable_variables)
+
     return [g.numpy() for g in step(X)]
 
 
@@ -77,14 +79,13 @@ def test_report_dumps_original_and_guarded():
     g = hg.guard(_where_sqrt)
     x = tf.constant([-1.0, 0.0, 1.0, 4.0])
     rep = hg.report(g, x)
-    diff = rep.dumps()                                   # stablehlo forward diff
+    diff = rep.dumps()  # stablehlo forward diff
     assert "--- original" in diff and "+++ guarded" in diff
-    assert any(line.startswith("+") and "stablehlo.select" in line
-               for line in diff.splitlines())
+    assert any(line.startswith("+") and "stablehlo.select" in line for line in diff.splitlines())
     original = rep.dumps(show="original")
     guarded = rep.dumps(show="guarded")
-    assert original.count("stablehlo.select") == 1       # the user's where
-    assert guarded.count("stablehlo.select") == 2        # and the guard
+    assert original.count("stablehlo.select") == 1  # the user's where
+    assert guarded.count("stablehlo.select") == 2  # and the guard
     both = rep.dumps("hlo", "grad", show="both")
     assert "==== original grad hlo ====" in both and "==== guarded grad hlo ====" in both
     # the same through hlo_guard.explain, whose default level is a jaxpr for JAX
@@ -97,11 +98,14 @@ def loss(x):
     return tf.reduce_sum(tf.where(x > 0, tf.sqrt(x), 0.0))
 
 
-@pytest.mark.parametrize("fn,arg,kind", [
-    (loss, np.ones(3, np.float32), "a plain TensorFlow function"),
-    (tf.function(loss), np.ones(3, np.float32), "a plain tf.function"),
-    (loss, tf.ones(3), "called with TensorFlow tensors"),
-])
+@pytest.mark.parametrize(
+    "fn,arg,kind",
+    [
+        (loss, np.ones(3, np.float32), "a plain TensorFlow function"),
+        (tf.function(loss), np.ones(3, np.float32), "a plain tf.function"),
+        (loss, tf.ones(3), "called with TensorFlow tensors"),
+    ],
+)
 def test_explain_plain_tf_function_says_to_wrap_it(fn, arg, kind):
     with pytest.raises(GuardUsageError) as info:
         hlo_guard.explain(fn, arg)
@@ -121,16 +125,20 @@ def test_explain_keras_layer_says_to_wrap_it():
 def test_jax_errors_are_not_blamed_on_tensorflow():
     def broken(x):
         raise ValueError("the user's own bug")
+
     with pytest.raises(ValueError, match="own bug"):
         hlo_guard.explain(broken, np.ones(3, np.float32))
 
 
 def test_cli_plain_tf_function_says_to_wrap_it(tmp_path, capsys):
     from hlo_guard.cli import EXIT_OK, EXIT_USAGE, main
+
     module = tmp_path / "tfmodel.py"
-    module.write_text("import tensorflow as tf\nimport hlo_guard.tf\n\n"
-                      "def loss(x):\n    return tf.where(x > 0, tf.sqrt(x), 0.0)\n\n"
-                      "loss_guarded = hlo_guard.tf.guard(loss)\n")
+    module.write_text(
+        "import tensorflow as tf\nimport hlo_guard.tf\n\n"
+        "def loss(x):\n    return tf.where(x > 0, tf.sqrt(x), 0.0)\n\n"
+        "loss_guarded = hlo_guard.tf.guard(loss)\n"
+    )
     for command in ("explain", "dump"):
         assert main([command, f"{module}:loss", "f32[4]"]) == EXIT_USAGE
         err = capsys.readouterr().err
@@ -154,8 +162,10 @@ def tf_log():
 def test_no_autograph_warning_for_lambdas(tf_log):
     for n in (2, 3, 4):
         x = tf.ones([n])
-        for g in (hg.guard(lambda x: tf.where(x > 0, tf.sqrt(x), 0.0)),
-                  hg.guarded_function(lambda x: tf.where(x > 0, tf.sqrt(x), 0.0))):
+        for g in (
+            hg.guard(lambda x: tf.where(x > 0, tf.sqrt(x), 0.0)),
+            hg.guarded_function(lambda x: tf.where(x > 0, tf.sqrt(x), 0.0)),
+        ):
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 y = g(x)

@@ -1,13 +1,14 @@
 """Per-rule checks of the TF table: each op, placed between a dead-lane source
 and a singular derivative, against a hand-written double-where (or per-lane)
 oracle under XLA, with the plain program shown to leak first."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import assert_same, bitwise_equal, xla_forward, xla_grads
 
 import hlo_guard.tf as hg
 from passes.masks import ALL, NONE
-from test_tf_support import assert_same, bitwise_equal, xla_forward, xla_grads
 
 
 def check(fn, oracle, *xs):
@@ -137,6 +138,7 @@ def test_zero_derivative_ops_cut_liveness(op):
 
 # -- MatMul / BatchMatMul masks: reduce-and-broadcast against TF's own gradient --
 
+
 class _Values:
     """The ``mctx`` a rule reads values through: here the tensors themselves."""
 
@@ -152,8 +154,9 @@ def _both_matmul_masks(make, a, b, masks, dynamic):
 
     sig = None
     if dynamic:
-        sig = [tf.TensorSpec([None] * np.ndim(x), tf.float32) for x in (a, b)] + \
-              [tf.TensorSpec([None] * np.ndim(masks[0]), tf.bool)]
+        sig = [tf.TensorSpec([None] * np.ndim(x), tf.float32) for x in (a, b)] + [
+            tf.TensorSpec([None] * np.ndim(masks[0]), tf.bool)
+        ]
 
     @tf.function(input_signature=sig, autograph=False)
     def run(a, b, m):
@@ -163,8 +166,10 @@ def _both_matmul_masks(make, a, b, masks, dynamic):
         new = matmul_masks(_Values(), op, [m])
         old = _probe_matmul_masks(_Values(), op, [m])
         assert not any(x is NONE or x is ALL for x in new + old)  # masks of run-time values
-        return ([materialize(x, t) for x, t in zip(new, op.inputs)],
-                [materialize(x, t) for x, t in zip(old, op.inputs)])
+        return (
+            [materialize(x, t) for x, t in zip(new, op.inputs)],
+            [materialize(x, t) for x, t in zip(old, op.inputs)],
+        )
 
     for m in masks:
         new, old = run(tf.constant(a, tf.float32), tf.constant(b, tf.float32), tf.constant(m))
@@ -190,7 +195,9 @@ def test_matmul_masks_equal_gradient_masks(ta, tb, dynamic):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("op", ["BatchMatMulV2", "BatchMatMulV3"])
-@pytest.mark.parametrize("adj_x,adj_y", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize(
+    "adj_x,adj_y", [(False, False), (True, False), (False, True), (True, True)]
+)
 def test_batch_matmul_masks_equal_gradient_masks(adj_x, adj_y, op, dynamic):
     """Batch dims broadcast both ways ([2, 1] against [3]) and a missing one."""
     m_, k_, n_ = 3, 4, 5
@@ -230,8 +237,12 @@ def test_guarded_mlp_gradient_has_no_extra_dots():
     x = rng.normal(size=(16, 8)).astype(np.float32)
     x[-4:] = 0.0
     mask = np.arange(16) < 12
-    args = [tf.constant(rng.normal(size=(8, 16)), tf.float32),
-            tf.constant(rng.normal(size=(16, 4)), tf.float32), tf.constant(x), tf.constant(mask)]
+    args = [
+        tf.constant(rng.normal(size=(8, 16)), tf.float32),
+        tf.constant(rng.normal(size=(16, 4)), tf.float32),
+        tf.constant(x),
+        tf.constant(mask),
+    ]
 
     def step(loss):
         def run(w1, w2, x, mask):
@@ -239,6 +250,7 @@ def test_guarded_mlp_gradient_has_no_extra_dots():
                 tape.watch([w1, w2])
                 y = loss(w1, w2, x, mask)
             return tape.gradient(y, [w1, w2])
+
         return tf.function(run, jit_compile=True)
 
     def dots(fn):

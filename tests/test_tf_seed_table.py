@@ -6,14 +6,15 @@ or a per-lane Python ``if``.  Each case also asserts that the plain program
 really gives a non-finite gradient under XLA, so the test shows the bug is
 real, and that the forward values are bitwise those of the plain program.
 """
+
 import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import assert_same, bitwise_equal, eager_grads, xla_forward, xla_grads
 
 import hlo_guard.tf as hg
-from test_tf_support import assert_same, bitwise_equal, eager_grads, xla_forward, xla_grads
 
 F32 = tf.float32
 
@@ -24,17 +25,18 @@ def c(values, dtype=F32):
 
 # -- the seed: where(x > 0, sqrt(x), 0) -----------------------------------------------
 
+
 def where_sqrt(x):
     return tf.where(x > 0, tf.sqrt(x), 0.0)
 
 
 def test_seed_where_sqrt_under_xla():
     x = c([-1.0, 0.0, 1.0, 4.0])
-    plain, = xla_grads(where_sqrt, x)
-    assert np.isnan(plain[:2]).all()                    # the bug, under XLA
-    eager, = eager_grads(where_sqrt, x)
+    (plain,) = xla_grads(where_sqrt, x)
+    assert np.isnan(plain[:2]).all()  # the bug, under XLA
+    (eager,) = eager_grads(where_sqrt, x)
     np.testing.assert_array_equal(eager, [0, 0, 0.5, 0.25])  # eager special-cases Sqrt
-    guarded, = xla_grads(hg.guard(where_sqrt), x)
+    (guarded,) = xla_grads(hg.guard(where_sqrt), x)
     np.testing.assert_array_equal(guarded, [0, 0, 0.5, 0.25])
 
 
@@ -51,6 +53,7 @@ def test_seed_guarded_function_is_a_jit_tf_function():
 
 
 # -- other patterns: (program, double-where oracle, input) ------------------------------
+
 
 def div(x):
     return tf.where(x > 0, 1.0 / x, 1.0)
@@ -171,11 +174,11 @@ PATTERNS = {
 def test_pattern_equals_double_where(name):
     fn, oracle, xs = PATTERNS[name]
     x = c(xs)
-    plain, = xla_grads(fn, x)
+    (plain,) = xla_grads(fn, x)
     assert not np.isfinite(plain).all(), "the plain program should leak NaN/inf"
-    expected, = xla_grads(oracle, x)
+    (expected,) = xla_grads(oracle, x)
     assert np.isfinite(expected).all()
-    guarded, = xla_grads(hg.guard(fn), x)
+    (guarded,) = xla_grads(hg.guard(fn), x)
     assert_same(guarded, expected)
     assert bitwise_equal(xla_forward(hg.guard(fn), x), xla_forward(fn, x))
 
@@ -186,9 +189,9 @@ def test_acos_of_clipped_value(fn):
     multiply), so here plain XLA is already right; the guards must keep it so,
     including the genuine -inf at the boundary x == 1."""
     xs = [-2.0, -0.5, 0.0, 0.5, 1.0, 2.0]
-    plain, = xla_grads(fn, c(xs))
+    (plain,) = xla_grads(fn, c(xs))
     assert_same(plain, acos_lane_oracle(xs), rtol=1e-5)
-    guarded, = xla_grads(hg.guard(fn), c(xs))
+    (guarded,) = xla_grads(hg.guard(fn), c(xs))
     assert_same(guarded, acos_lane_oracle(xs), rtol=1e-5)
     assert np.isneginf(guarded[4])
 
@@ -196,21 +199,21 @@ def test_acos_of_clipped_value(fn):
 @pytest.mark.parametrize("fn", [gather_sqrt, slice_sqrt], ids=["gather", "strided_slice"])
 def test_dropped_lane(fn):
     x = c([0.0, 1.0, 4.0])
-    plain, = xla_grads(fn, x)
+    (plain,) = xla_grads(fn, x)
     assert np.isnan(plain[0])
-    guarded, = xla_grads(hg.guard(fn), x)
+    (guarded,) = xla_grads(hg.guard(fn), x)
     np.testing.assert_array_equal(guarded, [0.0, 0.5, 0.25])
 
 
 def test_maximum_of_log_keeps_forward_and_gradient():
     x = c([0.0, 1.0, math.e, 1e-30])
-    plain, = xla_grads(max_log, x)
+    (plain,) = xla_grads(max_log, x)
     assert np.isnan(plain[0])
     guarded_fn = hg.guard(max_log)
     y = xla_forward(guarded_fn, x).numpy()
-    assert y[0] == -5.0 and y[3] == -5.0          # the losing side never changes the value
+    assert y[0] == -5.0 and y[3] == -5.0  # the losing side never changes the value
     assert bitwise_equal(y, xla_forward(max_log, x))
-    guarded, = xla_grads(guarded_fn, x)
+    (guarded,) = xla_grads(guarded_fn, x)
     np.testing.assert_allclose(guarded, [0.0, 1.0, 1.0 / math.e, 0.0], rtol=1e-6)
 
 
@@ -219,28 +222,29 @@ def test_maximum_tie_goes_to_x_like_tf():
     not kill it (x = e^-5 makes log x == -5 exactly in the tie lane)."""
     tie = c([0.0, 2.0])
     fn = lambda x: tf.maximum(tf.math.log(x), tf.math.log(c([1.0, 2.0])))  # noqa: E731
-    guarded, = xla_grads(hg.guard(fn), tie)
+    (guarded,) = xla_grads(hg.guard(fn), tie)
     np.testing.assert_allclose(guarded, [0.0, 0.5])  # lane 1 is a tie: x gets 1/x
 
 
 def test_minimum_of_neg_log():
     x = c([0.0, 1.0, 2.0])
-    plain, = xla_grads(min_neg_log, x)
+    (plain,) = xla_grads(min_neg_log, x)
     assert np.isnan(plain[0])
-    guarded, = xla_grads(hg.guard(min_neg_log), x)
+    (guarded,) = xla_grads(hg.guard(min_neg_log), x)
     np.testing.assert_allclose(guarded, [0.0, -1.0, -0.5])
 
 
 def test_reduce_max_of_sqrt():
     x = c([0.0, 1.0, 4.0])
-    plain, = xla_grads(reduce_max_sqrt, x)
+    (plain,) = xla_grads(reduce_max_sqrt, x)
     assert np.isnan(plain[0])
-    guarded, = xla_grads(hg.guard(reduce_max_sqrt), x)
+    (guarded,) = xla_grads(hg.guard(reduce_max_sqrt), x)
     np.testing.assert_array_equal(guarded, [0.0, 0.0, 0.25])
 
 
 def test_mask_reading_downstream_value():
     """The mask of the guard before sqrt needs max(sqrt(x)): computed on the side."""
+
     def fn(x):
         a = tf.sqrt(x)
         return tf.where(tf.equal(a, tf.reduce_max(a)), a, 0.0)
@@ -258,6 +262,7 @@ def test_mask_reading_downstream_value():
 
 def test_broadcast_condition():
     """A [n, 1] condition selecting rows of an [n, m] operand."""
+
     def fn(x):
         rows = tf.reduce_sum(x, axis=1, keepdims=True) > 0
         return tf.where(rows, tf.sqrt(x), 0.0)
@@ -274,32 +279,37 @@ def test_broadcast_condition():
 
 # -- genuine singularities stay visible ---------------------------------------------------
 
+
 def test_sqrt_squared_at_zero_stays_nan():
     fn = lambda x: tf.sqrt(x) ** 2  # noqa: E731
     x = c([0.0, 4.0])
-    guarded, = xla_grads(hg.guard(fn), x)
+    (guarded,) = xla_grads(hg.guard(fn), x)
     assert np.isnan(guarded[0]) and guarded[1] == pytest.approx(1.0)
 
 
 def test_taken_branch_at_zero_stays_inf():
     fn = lambda x: tf.where(x >= 0, tf.sqrt(x), 0.0)  # noqa: E731
-    guarded, = xla_grads(hg.guard(fn), c([-1.0, 0.0, 4.0]))
+    (guarded,) = xla_grads(hg.guard(fn), c([-1.0, 0.0, 4.0]))
     assert guarded[0] == 0.0 and np.isposinf(guarded[1]) and guarded[2] == 0.25
 
 
 def test_selected_nan_input_stays_nan():
     """A NaN in a *taken* lane is the program's own: it must come through."""
     fn = lambda x: tf.where(x > -10.0, tf.sqrt(x), 0.0)  # noqa: E731
-    guarded, = xla_grads(hg.guard(fn), c([-1.0, 4.0]))
+    (guarded,) = xla_grads(hg.guard(fn), c([-1.0, 4.0]))
     assert np.isnan(guarded[0]) and guarded[1] == 0.25
 
 
 # -- forward values ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(PATTERNS) + ["gather", "max_log", "reduce_max"])
 def test_forward_values_bitwise(name):
-    fns = {"gather": (gather_sqrt, [0.0, 1.0, 4.0]), "max_log": (max_log, [0.0, 0.5, 3.0]),
-           "reduce_max": (reduce_max_sqrt, [0.0, 2.0, 3.0])}
+    fns = {
+        "gather": (gather_sqrt, [0.0, 1.0, 4.0]),
+        "max_log": (max_log, [0.0, 0.5, 3.0]),
+        "reduce_max": (reduce_max_sqrt, [0.0, 2.0, 3.0]),
+    }
     fn, xs = fns[name] if name in fns else (PATTERNS[name][0], PATTERNS[name][2])
     x = c(xs)
     assert bitwise_equal(xla_forward(hg.guard(fn), x), xla_forward(fn, x))

@@ -1,4 +1,5 @@
 """Shared helpers of the TF front-end tests (not a test module)."""
+
 import numpy as np
 import tensorflow as tf
 

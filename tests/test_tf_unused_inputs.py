@@ -7,12 +7,13 @@ folds away, TensorArray loops, Ragged/Sparse arguments.  Forward values and
 gradients are compared with hand-written double-where programs run under the
 same XLA compilation.
 """
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import assert_same
 
 import hlo_guard.tf as hg
-from test_tf_support import assert_same
 
 X = tf.constant([-1.0, 0.0, 1.0, 4.0])
 
@@ -37,10 +38,10 @@ def jit_value_and_grads(fn, *xs):
             for x in xs:
                 tape.watch(x)
             out = fn(*xs)
-            total = tf.add_n([tf.reduce_sum(t) for t in tf.nest.flatten(out)
-                              if t.dtype.is_floating])
-        grads = tape.gradient(total, list(xs),
-                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            total = tf.add_n(
+                [tf.reduce_sum(t) for t in tf.nest.flatten(out) if t.dtype.is_floating]
+            )
+        grads = tape.gradient(total, list(xs), unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return out, grads
 
     out, grads = run(*xs)
@@ -77,8 +78,9 @@ def test_keras_loss_object_ignoring_y_true_in_fit():
         return tf.reduce_mean(where_sqrt(y_pred[:, 0]))
 
     loss = hg.guard(masked_sqrt_loss)
-    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False,
-                                                                    kernel_initializer="ones")])
+    model = keras.Sequential(
+        [keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, jit_compile=True)
     x = np.array([[-1.0], [0.0], [1.0], [4.0]], np.float32)
     model.fit(x, np.zeros((4, 1), np.float32), epochs=1, batch_size=4, verbose=0)
@@ -168,6 +170,7 @@ def test_ragged_argument():
                 r = tf.RaggedTensor.from_row_splits(values, rt.row_splits)
                 y = tf.reduce_sum(f(r))
             return y, tape.gradient(y, values)
+
         return [t.numpy() for t in run(rt.flat_values)]
 
     got = grad(hg.guard(fn))
@@ -181,8 +184,9 @@ def test_sparse_argument():
     st = tf.sparse.SparseTensor([[0, 0], [0, 1], [1, 0], [1, 1]], X, [2, 2])
 
     def fn(s):
-        return tf.sparse.reduce_sum(tf.SparseTensor(s.indices, where_sqrt(s.values),
-                                                    s.dense_shape), axis=1)
+        return tf.sparse.reduce_sum(
+            tf.SparseTensor(s.indices, where_sqrt(s.values), s.dense_shape), axis=1
+        )
 
     def grad(f):
         @tf.function
@@ -191,11 +195,15 @@ def test_sparse_argument():
                 tape.watch(values)
                 y = tf.reduce_sum(f(tf.SparseTensor(st.indices, values, st.dense_shape)))
             return y, tape.gradient(y, values)
+
         return [t.numpy() for t in run(st.values)]
 
     got = grad(hg.guard(fn))
-    expected = grad(lambda s: tf.sparse.reduce_sum(
-        tf.SparseTensor(s.indices, safe_sqrt(s.values), s.dense_shape), axis=1))
+    expected = grad(
+        lambda s: tf.sparse.reduce_sum(
+            tf.SparseTensor(s.indices, safe_sqrt(s.values), s.dense_shape), axis=1
+        )
+    )
     assert_same(got[0], expected[0])
     assert_same(got[1], expected[1])
     assert np.isfinite(got[1]).all()
@@ -224,7 +232,8 @@ def test_sparse_argument_whose_indices_are_unused():
     guarded = hg.guard(lambda s: where_sqrt(s.values))
     np.testing.assert_array_equal(guarded(st).numpy(), where_sqrt(X).numpy())
     out, grads = jit_value_and_grads(
-        lambda v: guarded(tf.SparseTensor(st.indices, v, st.dense_shape)), X)
+        lambda v: guarded(tf.SparseTensor(st.indices, v, st.dense_shape)), X
+    )
     e_out, e_grads = jit_value_and_grads(safe_sqrt, X)
     assert_same(out, e_out)
     assert_same(grads[0], e_grads[0])

@@ -9,6 +9,7 @@ bitwise those of ``f``.  Inputs are chosen so that no *taken* path is singular
 nothing about dead lanes); the plain function is asserted to leak where the
 mode is one in which JAX leaks, so each test checks what it claims.
 """
+
 import functools
 
 import jax
@@ -19,8 +20,8 @@ from jax import lax
 
 from hlo_guard import guard, guarded_jit
 
-
 # -- cases: (f, oracle, x); f maps a vector to a vector or a scalar -------------
+
 
 def where_sqrt(x):
     return jnp.where(x > 0, jnp.sqrt(x), 0.0)
@@ -61,8 +62,9 @@ def clip_arccos(c):
 
 def clip_arccos_oracle(c):
     inside = (c > -1.0) & (c < 1.0)
-    return jnp.where(inside, jnp.arccos(jnp.where(inside, c, 0.0)),
-                     jnp.where(c >= 1.0, 0.0, jnp.pi))
+    return jnp.where(
+        inside, jnp.arccos(jnp.where(inside, c, 0.0)), jnp.where(c >= 1.0, 0.0, jnp.pi)
+    )
 
 
 def max_sqrt(x):
@@ -75,12 +77,12 @@ def max_sqrt_oracle(x):
 
 
 def safe_norm(x):
-    d2 = jnp.sum(x ** 2)
+    d2 = jnp.sum(x**2)
     return jnp.where(d2 > 0, jnp.sqrt(d2), 0.0)
 
 
 def safe_norm_oracle(x):
-    d2 = jnp.sum(x ** 2)
+    d2 = jnp.sum(x**2)
     return jnp.where(d2 > 0, jnp.sqrt(jnp.where(d2 > 0, d2, 1.0)), 0.0)
 
 
@@ -121,11 +123,15 @@ MODES = {
 #: modes in which plain JAX leaks NaN for the case (forward mode through a
 #: ``where`` never leaks; hessians leak wherever the first derivative does)
 REVERSE = {"grad", "value_and_grad", "vjp", "jacrev", "hessian"}
-FORWARD_LEAKS = {("max_log", "jvp"), ("max_log", "jacfwd"),
-                 ("clip_arccos", "jvp"), ("clip_arccos", "jacfwd"),
-                 # reduce_max's JVP selects, but jacfwd's one-hot tangents meet
-                 # sqrt'(0) = inf in a lane whose tangent is 0
-                 ("max_sqrt", "jacfwd")}
+FORWARD_LEAKS = {
+    ("max_log", "jvp"),
+    ("max_log", "jacfwd"),
+    ("clip_arccos", "jvp"),
+    ("clip_arccos", "jacfwd"),
+    # reduce_max's JVP selects, but jacfwd's one-hot tangents meet
+    # sqrt'(0) = inf in a lane whose tangent is 0
+    ("max_sqrt", "jacfwd"),
+}
 
 
 def _leaks(case, mode):
@@ -183,6 +189,7 @@ def test_forward_values_bitwise(case):
 
 
 # -- forward mode, singular op downstream of a constant taken branch ---------------
+
 
 def norm_of_where(x):
     return jnp.linalg.norm(jnp.where(x > 10, x, 0.0))
@@ -245,6 +252,7 @@ def test_where_inside_scan():
         def body(c, x):
             y = jnp.where(x > 0, jnp.sqrt(x), 0.0)
             return c + y, y * 2.0
+
         c, ys = lax.scan(body, 0.0, xs)
         return c + jnp.sum(ys)
 
@@ -256,15 +264,18 @@ def test_where_inside_scan():
 
 def test_where_on_carry_inside_scan():
     """The dead lanes are on the carry: each step's carry passes a where-sqrt."""
+
     def f(x):
         def body(c, _):
             return jnp.where(c > 0, jnp.sqrt(c), 0.0), None
+
         c, _ = lax.scan(body, x, None, length=2)
         return c
 
     def oracle(x):
         def body(c, _):
             return where_sqrt_oracle(c), None
+
         c, _ = lax.scan(body, x, None, length=2)
         return c
 
@@ -280,8 +291,10 @@ def test_where_inside_cond():
         return lax.cond(p, where_sqrt_oracle, lambda y: 3.0 * y, x)
 
     for p in (True, False):
-        _check_grad(lambda x: f(x, p) if p else f(x, p) + where_sqrt(x),
-                    lambda x: oracle(x, p) if p else oracle(x, p) + where_sqrt_oracle(x))
+        _check_grad(
+            lambda x: f(x, p) if p else f(x, p) + where_sqrt(x),
+            lambda x: oracle(x, p) if p else oracle(x, p) + where_sqrt_oracle(x),
+        )
 
 
 def test_where_inside_cond_with_traced_predicate():
@@ -299,8 +312,10 @@ def _while_sum(step):
         def body(state):
             i, acc = state
             return i + 1, acc + step(x)
+
         _, acc = lax.while_loop(lambda s: s[0] < 3, body, (0, jnp.zeros_like(x)))
         return acc
+
     return f
 
 
@@ -326,8 +341,7 @@ def test_reverse_through_fori_loop_static_trip_count():
         return lax.fori_loop(0, 3, lambda i, acc: acc + where_sqrt(x) * i, jnp.zeros_like(x))
 
     def oracle(x):
-        return lax.fori_loop(0, 3, lambda i, acc: acc + where_sqrt_oracle(x) * i,
-                             jnp.zeros_like(x))
+        return lax.fori_loop(0, 3, lambda i, acc: acc + where_sqrt_oracle(x) * i, jnp.zeros_like(x))
 
     _check_grad(f, oracle, want=3 * X_GRAD)
 
@@ -346,10 +360,12 @@ def test_vmap_of_guarded_gradient():
     assert not _finite_tree(plain)
     want = jax.vmap(jax.grad(safe_norm_oracle))(pts)
     np.testing.assert_allclose(want, [[0, 0], [0.6, 0.8], [0, 0]], rtol=1e-6)
-    for got in (jax.vmap(jax.grad(guard(safe_norm)))(pts),
-                jax.vmap(jax.grad(guarded_jit(safe_norm)))(pts),
-                jax.jit(jax.vmap(jax.grad(guard(safe_norm))))(pts),
-                jax.jacrev(lambda p: jnp.sum(jax.vmap(guard(safe_norm))(p)))(pts)):
+    for got in (
+        jax.vmap(jax.grad(guard(safe_norm)))(pts),
+        jax.vmap(jax.grad(guarded_jit(safe_norm)))(pts),
+        jax.jit(jax.vmap(jax.grad(guard(safe_norm))))(pts),
+        jax.jacrev(lambda p: jnp.sum(jax.vmap(guard(safe_norm))(p)))(pts),
+    ):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
@@ -366,6 +382,7 @@ def test_hessian_through_scan_and_jit():
     def f(x):
         def body(c, xi):
             return c + jax.jit(where_sqrt)(xi), None
+
         return lax.scan(body, 0.0, x)[0]
 
     def oracle(x):
@@ -378,9 +395,11 @@ def test_hessian_through_scan_and_jit():
 
 # -- masks that need values computed downstream, and both branches singular ------------
 
+
 def test_mask_depends_on_a_downstream_value():
     """``where(a == max(a), a, 0)`` with ``a = sqrt(x)``: the select's predicate
     is computed *after* the guarded sqrt; masks come from the original values."""
+
     def f(x):
         a = jnp.sqrt(x)
         return jnp.where(a == jnp.max(a), a, 0.0)
@@ -400,7 +419,7 @@ def safe_normalize(x):
 
 
 def safe_normalize_oracle(x):
-    n2 = jnp.sum(x ** 2)
+    n2 = jnp.sum(x**2)
     ok = n2 > 0
     n = jnp.sqrt(jnp.where(ok, n2, 1.0))
     return jnp.where(ok, x / n, 0.0)

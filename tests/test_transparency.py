@@ -16,15 +16,16 @@ dead lanes of its own, so the guarded derivative must agree with JAX's wherever
 JAX's is finite.  One jit per function computes plain and guarded side by side
 (both see identical XLA inputs), so the sweep stays quick.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fuzzlib.sweep_table import resolve
 
 import hlo_guard
-from fuzzlib.sweep_table import resolve
 
 CASES = resolve()
 MIN_FUNCTIONS = 200
@@ -35,16 +36,14 @@ F32_TINY = float(np.finfo(np.float32).tiny)
 
 #: per domain: (ordinary sampler, boundary values); vectors have 8 lanes
 VECTOR_DOMAINS = {
-    "real": (lambda r: r.uniform(-2.0, 2.0, 8),
-             [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, 1e-20]),
-    "pos": (lambda r: r.uniform(0.1, 3.0, 8),
-            [0.0, F32_TINY, 1.0, 0.5, 2.0, 1e-20, 10.0, 100.0]),
-    "unit": (lambda r: r.uniform(-0.9, 0.9, 8),
-             [1.0, -1.0, 0.0, 0.999, -0.999, 0.5, 1.0, -1.0]),
-    "gt1": (lambda r: r.uniform(1.1, 4.0, 8),
-            [1.0, 1.0 + 1e-6, 2.0, 3.0, 10.0, 1.5, 1.0, 2.0]),
-    "prob": (lambda r: r.uniform(0.05, 0.95, 8),
-             [0.0, 1.0, 0.5, 1e-20, 1.0 - 1e-7, 0.25, 0.0, 1.0]),
+    "real": (lambda r: r.uniform(-2.0, 2.0, 8), [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, 1e-20]),
+    "pos": (lambda r: r.uniform(0.1, 3.0, 8), [0.0, F32_TINY, 1.0, 0.5, 2.0, 1e-20, 10.0, 100.0]),
+    "unit": (lambda r: r.uniform(-0.9, 0.9, 8), [1.0, -1.0, 0.0, 0.999, -0.999, 0.5, 1.0, -1.0]),
+    "gt1": (lambda r: r.uniform(1.1, 4.0, 8), [1.0, 1.0 + 1e-6, 2.0, 3.0, 10.0, 1.5, 1.0, 2.0]),
+    "prob": (
+        lambda r: r.uniform(0.05, 0.95, 8),
+        [0.0, 1.0, 0.5, 1e-20, 1.0 - 1e-7, 0.25, 0.0, 1.0],
+    ),
 }
 ADVERSARIAL = [0.0, -0.0, 1.0, -1.0, INF, -INF, NAN, F32_MAX]
 
@@ -70,8 +69,10 @@ def matrix_inputs(domain, arity):
         singular = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     adversarial = np.array([[0.0, 1.0, INF], [-1.0, 0.0, 0.0], [NAN, 0.0, 1.0]])
     sets = [("ordinary", ordinary), ("singular", singular), ("adversarial", adversarial)]
-    return [(name, [np.asarray(np.roll(m, j, axis=1), np.float32) for j in range(arity)])
-            for name, m in sets]
+    return [
+        (name, [np.asarray(np.roll(m, j, axis=1), np.float32) for j in range(arity)])
+        for name, m in sets
+    ]
 
 
 #: Plain JAX (no guard involved) did not finish ``jax.jit(f)`` + ``jax.grad`` on our
@@ -91,6 +92,7 @@ def inputs_for(case):
 
 def loss_of(fn):
     """Scalar loss: the sum of every inexact output (real part)."""
+
     def loss(*args):
         total = jnp.float32(0.0)
         for leaf in jax.tree_util.tree_leaves(fn(*args)):
@@ -98,6 +100,7 @@ def loss_of(fn):
             if jnp.issubdtype(leaf.dtype, jnp.inexact):
                 total = total + jnp.sum(jnp.real(leaf)).astype(jnp.float32)
         return total
+
     return loss
 
 
@@ -115,8 +118,7 @@ def assert_bitwise(got, want, what):
         g, w = np.asarray(g), np.asarray(w)
         assert g.shape == w.shape and g.dtype == w.dtype, f"{what}: {g.shape} vs {w.shape}"
         if not np.array_equal(bits(g), bits(w)):
-            raise AssertionError(f"{what}: forward not bitwise identical\n got  {g!r}\n"
-                                 f" want {w!r}")
+            raise AssertionError(f"{what}: forward not bitwise identical\n got  {g!r}\n want {w!r}")
 
 
 ULP_TOLERANCE = 4
@@ -144,15 +146,20 @@ def assert_derivative_transparent(got, want, what):
         # jnp.corrcoef, 22 ulps of 0.17 = 1 ulp of 5.6, the terms it cancels).
         scale = np.max(np.abs(w[finite])) if finite.any() else 0
         with np.errstate(over="ignore"):
-            spacing = np.spacing(np.asarray(scale, w.dtype)) if np.issubdtype(
-                w.dtype, np.floating) else 0
-        same = (g == w) | (ulp_distance(g, w) <= ULP_TOLERANCE) | (
-            np.abs(g - w) <= ULP_TOLERANCE * spacing)
+            spacing = (
+                np.spacing(np.asarray(scale, w.dtype)) if np.issubdtype(w.dtype, np.floating) else 0
+            )
+        same = (
+            (g == w)
+            | (ulp_distance(g, w) <= ULP_TOLERANCE)
+            | (np.abs(g - w) <= ULP_TOLERANCE * spacing)
+        )
         bad = finite & ~same
         if bad.any():
             raise AssertionError(
                 f"{what}, argument {k}: derivative changed where JAX's is finite, lanes "
-                f"{np.flatnonzero(bad).tolist()}\n guarded {g!r}\n plain   {w!r}")
+                f"{np.flatnonzero(bad).tolist()}\n guarded {g!r}\n plain   {w!r}"
+            )
         worse = finite & ~np.isfinite(g)
         assert not worse.any(), f"{what}, argument {k}: guard added non-finite lanes"
 
@@ -162,8 +169,9 @@ def test_sweep_covers_at_least_200_public_functions():
     assert len(labels) == len(set(labels))
     distinct = {id(c.public) for c in CASES}  # aliases (nn.swish is nn.silu) count once
     assert len(distinct) >= MIN_FUNCTIONS, f"only {len(distinct)} distinct functions"
-    per_module = {m: sum(c.label.startswith(m + ".") for c in CASES)
-                  for m in ("jnp", "lax", "nn", "special")}
+    per_module = {
+        m: sum(c.label.startswith(m + ".") for c in CASES) for m in ("jnp", "lax", "nn", "special")
+    }
     assert all(per_module.values()), per_module
 
 
@@ -183,7 +191,7 @@ def _compiled(case):
     try:
         plain.trace(*probe)
     except (TypeError, NotImplementedError, ValueError):  # JAX itself cannot
-        with pytest.raises(Exception):  # ... and the guarded function fails as well
+        with pytest.raises(Exception):  # noqa: B017 -- the guarded function fails as JAX did, with whatever JAX raised
             jax.jit(grad_guarded).trace(*probe)
         return jax.jit(lambda *a: (fn(*a),)), jax.jit(lambda *a: (guarded(*a),)), False
     return plain, jax.jit(lambda *a: (guarded(*a), grad_guarded(*a))), True

@@ -5,6 +5,7 @@ Oracles are the hand-written double wheres; forward values must be bitwise
 those of ``f``; lanes that still decide the forward (max/min losers, values read
 by ``argmax``) must never be substituted.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,8 +58,12 @@ def where_log_dw(x):
     return jnp.sum(jnp.where(ok, jnp.log(jnp.where(ok, x, 1.0)), 0.0))
 
 
-SEEDS = [(where_sqrt, where_sqrt_dw), (where_recip, where_recip_dw),
-         (arccos_under_where, arccos_under_where_dw), (where_log, where_log_dw)]
+SEEDS = [
+    (where_sqrt, where_sqrt_dw),
+    (where_recip, where_recip_dw),
+    (arccos_under_where, arccos_under_where_dw),
+    (where_log, where_log_dw),
+]
 IDS = ["sqrt", "recip", "arccos", "log"]
 
 
@@ -102,8 +107,10 @@ def test_value_mode_forward_bitwise_identical(f):
 def test_max_loser_is_never_substituted():
     """``max(log x, -5)`` at 1e-30: log loses (-69 < -5) and is gradient-dead, but
     substituting log's safe point 1 would make it win (0 > -5)."""
+
     def f(x):
         return jnp.sum(jnp.maximum(jnp.log(x), -5.0))
+
     x = jnp.array([1e-30, 2.0])
     for g in (guard(f, mode="value"), guarded_jit(f, guard_mode="value")):
         assert float(g(x)) == float(f(x)) == pytest.approx(-5.0 + np.log(2.0))
@@ -112,9 +119,11 @@ def test_max_loser_is_never_substituted():
 
 def test_value_read_by_argmax_is_never_substituted():
     """The log's NaN lane is dead for the where, but argmax reads its value."""
+
     def f(x):
         lg = jnp.log(x)
         return jnp.sum(jnp.where(x > 0, lg, 0.0)) + jnp.argmax(lg).astype(x.dtype)
+
     x = jnp.array([-1.0, 0.5, 2.0])
     assert float(guard(f, mode="value")(x)) == float(f(x))
     assert float(guarded_jit(f, guard_mode="value")(x)) == float(jax.jit(f)(x))
@@ -123,6 +132,7 @@ def test_value_read_by_argmax_is_never_substituted():
 def test_taken_singular_lane_still_nan_or_inf():
     def f(x):
         return jnp.where(x > -2, jnp.sqrt(x), 0.0) + jnp.where(x > -2, 1 / x, 0.0)
+
     x = jnp.array([-1.0, 0.0, 4.0])
     got = np.asarray(guard(f, mode="value")(x))
     assert np.isnan(got[0]) and np.isinf(got[1]) and got[2] == 2.25
@@ -136,21 +146,24 @@ def test_inside_nested_jit_and_cond(debug_nans):
 
     def dw(x):
         return where_sqrt_dw(x) * 2.0
-    np.testing.assert_array_equal(jax.grad(guarded_jit(f, guard_mode="value"))(X),
-                                  jax.grad(dw)(X))
-    np.testing.assert_array_equal(jax.hessian(guard(f, mode="value"))(X),
-                                  jax.hessian(dw)(X))
+
+    np.testing.assert_array_equal(jax.grad(guarded_jit(f, guard_mode="value"))(X), jax.grad(dw)(X))
+    np.testing.assert_array_equal(jax.hessian(guard(f, mode="value"))(X), jax.hessian(dw)(X))
 
 
 def test_scan_body_keeps_gradient_guards():
     """Carries feed back into the body, so value mode does not substitute there
     (conservative); the gradient is still the double-where's."""
+
     def f(x):
         def step(c, xi):
             return c + where_sqrt(xi), None
+
         return jax.lax.scan(step, 0.0, x.reshape(2, 3))[0]
-    np.testing.assert_array_equal(jax.grad(guarded_jit(f, guard_mode="value"))(X),
-                                  jax.grad(where_sqrt_dw)(X))
+
+    np.testing.assert_array_equal(
+        jax.grad(guarded_jit(f, guard_mode="value"))(X), jax.grad(where_sqrt_dw)(X)
+    )
 
 
 def test_invalid_mode_is_a_clear_error():

@@ -8,6 +8,7 @@ the dead branch, so the plain gradient is NaN.  Scores are masked with
 block (``transformer.py``) there is no MLP and no residual: the dots of the
 attention itself dominate, so duplicated forward dots show up here first.
 """
+
 from __future__ import annotations
 
 import jax
@@ -62,10 +63,15 @@ def make_inputs(size, seed=0):
     def w(*shape):
         return jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)
 
-    params = {"wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d),
-              "heads": jnp.zeros((heads,), jnp.float32)}
+    params = {
+        "wq": w(d, d),
+        "wk": w(d, d),
+        "wv": w(d, d),
+        "wo": w(d, d),
+        "heads": jnp.zeros((heads,), jnp.float32),
+    }
     lengths = rng.integers(seq // 2, seq + 1, size=batch)
-    lengths[0] = seq // 2                                   # at least one padded sequence
+    lengths[0] = seq // 2  # at least one padded sequence
     tok_mask = np.arange(seq)[None, :] < lengths[:, None]
     x = rng.normal(size=(batch, seq, d)).astype(np.float32)
     x[~tok_mask] = 0.0
@@ -75,9 +81,11 @@ def make_inputs(size, seed=0):
 WORKLOAD = Workload(
     name="attention",
     description="multi-head attention with QK-norm, causal + padding mask, grad",
-    loss=loss, loss_dw=loss_dw, make_inputs=make_inputs,
-    sizes={"tiny": [(2, 8, 16, 2)], "quick": [(4, 128, 128, 4)],
-           "full": [(8, 256, 256, 4)]},
-    rtol=1e-4, atol=1e-5,
+    loss=loss,
+    loss_dw=loss_dw,
+    make_inputs=make_inputs,
+    sizes={"tiny": [(2, 8, 16, 2)], "quick": [(4, 128, 128, 4)], "full": [(8, 256, 256, 4)]},
+    rtol=1e-4,
+    atol=1e-5,
     size_label=lambda s: "B={},T={},D={},H={}".format(*s),
 )

@@ -6,6 +6,7 @@ zeros), ``where(x > 0, log(x), 0)`` (log of negatives is NaN) and
 the plain gradient is NaN there.  Memory-bound: any extra pass over the array
 that a guard might add would show directly in the ratio.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -17,9 +18,11 @@ from benchmarks.workloads.base import Workload
 def loss(x):
     pos = x > 0
     nz = x != 0
-    y = (jnp.where(pos, jnp.sqrt(x), 0.0)
-         + jnp.where(pos, jnp.log(x), 0.0)
-         + jnp.where(nz, 1.0 / x, 0.0))
+    y = (
+        jnp.where(pos, jnp.sqrt(x), 0.0)
+        + jnp.where(pos, jnp.log(x), 0.0)
+        + jnp.where(nz, 1.0 / x, 0.0)
+    )
     return jnp.sum(y)
 
 
@@ -28,9 +31,11 @@ def loss_dw(x):
     nz = x != 0
     xp = jnp.where(pos, x, 1.0)
     xn = jnp.where(nz, x, 1.0)
-    y = (jnp.where(pos, jnp.sqrt(xp), 0.0)
-         + jnp.where(pos, jnp.log(xp), 0.0)
-         + jnp.where(nz, 1.0 / xn, 0.0))
+    y = (
+        jnp.where(pos, jnp.sqrt(xp), 0.0)
+        + jnp.where(pos, jnp.log(xp), 0.0)
+        + jnp.where(nz, 1.0 / xn, 0.0)
+    )
     return jnp.sum(y)
 
 
@@ -45,7 +50,9 @@ def make_inputs(n, seed=0):
 WORKLOAD = Workload(
     name="elementwise",
     description="where-guarded sqrt/log/1/x, sum, grad",
-    loss=loss, loss_dw=loss_dw, make_inputs=make_inputs,
+    loss=loss,
+    loss_dw=loss_dw,
+    make_inputs=make_inputs,
     sizes={"tiny": [64], "quick": [10**6], "full": [10**6, 10**7]},
     size_label=lambda n: f"n=1e{len(str(n)) - 1}" if str(n).strip("0") == "1" else f"n={n}",
 )

@@ -6,6 +6,7 @@ force (gradient of the energy) is NaN for every particle without a guard.  The
 N x N arrays make this the workload where a guard that is not fused would cost
 a full extra pass over 4M lanes.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ def _lj(r):
 def loss(pos):
     n = pos.shape[0]
     off = ~jnp.eye(n, dtype=bool)
-    r = jnp.sqrt(_pair_r2(pos))                     # pairwise distances, 0 on the diagonal
+    r = jnp.sqrt(_pair_r2(pos))  # pairwise distances, 0 on the diagonal
     e = jnp.where(off, _lj(r), 0.0)
     return 0.5 * jnp.sum(e)
 
@@ -56,8 +57,11 @@ def make_inputs(n, seed=0):
 WORKLOAD = Workload(
     name="lennard_jones",
     description="pairwise r, LJ energy, diagonal masked, grad (forces)",
-    loss=loss, loss_dw=loss_dw, make_inputs=make_inputs,
+    loss=loss,
+    loss_dw=loss_dw,
+    make_inputs=make_inputs,
     sizes={"tiny": [27], "quick": [512], "full": [2048]},
-    rtol=2e-4, atol=1e-3,
+    rtol=2e-4,
+    atol=1e-3,
     size_label=lambda n: f"N={n}",
 )

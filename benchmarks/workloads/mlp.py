@@ -11,6 +11,7 @@ derivative selects on ``h > 0`` and the zero rows have ``h = 0``.)  The loss
 is a softmax cross-entropy averaged over the real rows with ``where``.
 The gradient step is a full SGD update, what a training loop compiles.
 """
+
 from __future__ import annotations
 
 import jax
@@ -24,15 +25,17 @@ LR = 0.1
 
 def _head(z, params, labels, mask):
     logits = z @ params["w2"] + params["b2"]
-    nll = jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(
-        logits, labels[:, None], axis=-1)[:, 0]
+    nll = (
+        jax.nn.logsumexp(logits, axis=-1)
+        - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    )
     per_row = jnp.where(mask, nll, 0.0)
     return jnp.sum(per_row) / jnp.maximum(jnp.sum(mask), 1)
 
 
 def loss(params, x, labels, mask):
-    h = jnp.tanh(x @ params["w1"])                          # zero rows stay zero (no bias)
-    n = jnp.sqrt(jnp.sum(h * h, axis=-1, keepdims=True))    # safe-norm, the usual way
+    h = jnp.tanh(x @ params["w1"])  # zero rows stay zero (no bias)
+    n = jnp.sqrt(jnp.sum(h * h, axis=-1, keepdims=True))  # safe-norm, the usual way
     z = jnp.where(n > 0, h / n, 0.0)
     return _head(z, params, labels, mask)
 
@@ -52,6 +55,7 @@ def sgd_step(loss_fn):
     def step(params, x, labels, mask):
         grads = g(params, x, labels, mask)
         return jax.tree_util.tree_map(lambda p, d: p - LR * d, params, grads)
+
     return step
 
 
@@ -65,7 +69,7 @@ def make_inputs(size, seed=0):
     }
     x = rng.normal(size=(batch, d_in)).astype(np.float32)
     mask = np.ones(batch, bool)
-    mask[-max(1, batch // 8):] = False                          # last eighth is padding
+    mask[-max(1, batch // 8) :] = False  # last eighth is padding
     x[~mask] = 0.0
     labels = rng.integers(0, classes, size=batch).astype(np.int32)
     return params, jnp.asarray(x), jnp.asarray(labels), jnp.asarray(mask)
@@ -74,8 +78,14 @@ def make_inputs(size, seed=0):
 WORKLOAD = Workload(
     name="mlp",
     description="MLP SGD step, L2-normalise layer, masked loss",
-    loss=loss, loss_dw=loss_dw, make_inputs=make_inputs, step=sgd_step,
-    sizes={"tiny": [(16, 8, 16, 4)], "quick": [(256, 256, 512, 10)],
-           "full": [(1024, 512, 1024, 10)]},
+    loss=loss,
+    loss_dw=loss_dw,
+    make_inputs=make_inputs,
+    step=sgd_step,
+    sizes={
+        "tiny": [(16, 8, 16, 4)],
+        "quick": [(256, 256, 512, 10)],
+        "full": [(1024, 512, 1024, 10)],
+    },
     size_label=lambda s: "B={},D={},H={},C={}".format(*s),
 )

@@ -9,6 +9,7 @@ gradient is NaN.  Attention masks its scores with ``where(mask, s, -1e9)``
 show what the guard costs where it is not needed.  The loss averages over the
 real tokens with ``where``.
 """
+
 from __future__ import annotations
 
 import jax
@@ -67,12 +68,20 @@ def make_inputs(size, seed=0):
     def w(*shape):
         return jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)
 
-    params = {"g1": jnp.ones((d,), jnp.float32), "g2": jnp.ones((d,), jnp.float32),
-              "w_in": w(d, d), "wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d),
-              "w_up": w(d, 4 * d), "w_down": w(4 * d, d),
-              "heads": jnp.zeros((heads,), jnp.float32)}
+    params = {
+        "g1": jnp.ones((d,), jnp.float32),
+        "g2": jnp.ones((d,), jnp.float32),
+        "w_in": w(d, d),
+        "wq": w(d, d),
+        "wk": w(d, d),
+        "wv": w(d, d),
+        "wo": w(d, d),
+        "w_up": w(d, 4 * d),
+        "w_down": w(4 * d, d),
+        "heads": jnp.zeros((heads,), jnp.float32),
+    }
     lengths = rng.integers(seq // 2, seq + 1, size=batch)
-    lengths[0] = seq // 2                                   # at least one padded sequence
+    lengths[0] = seq // 2  # at least one padded sequence
     tok_mask = np.arange(seq)[None, :] < lengths[:, None]
     x = rng.normal(size=(batch, seq, d)).astype(np.float32)
     x[~tok_mask] = 0.0
@@ -82,9 +91,11 @@ def make_inputs(size, seed=0):
 WORKLOAD = Workload(
     name="transformer_block",
     description="transformer block: RMS norm, masked attention, MLP, grad",
-    loss=loss, loss_dw=loss_dw, make_inputs=make_inputs,
-    sizes={"tiny": [(2, 8, 16, 2)], "quick": [(4, 128, 128, 4)],
-           "full": [(8, 256, 256, 4)]},
-    rtol=1e-4, atol=1e-5,
+    loss=loss,
+    loss_dw=loss_dw,
+    make_inputs=make_inputs,
+    sizes={"tiny": [(2, 8, 16, 2)], "quick": [(4, 128, 128, 4)], "full": [(8, 256, 256, 4)]},
+    rtol=1e-4,
+    atol=1e-5,
     size_label=lambda s: "B={},T={},D={},H={}".format(*s),
 )

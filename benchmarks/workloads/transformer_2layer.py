@@ -10,6 +10,7 @@ real tokens with ``where``.  Differs from ``transformer_block`` (one block,
 RMS norm, squared-output loss) in depth, the norm's mean subtraction, and the
 ``log_softmax`` loss.
 """
+
 from __future__ import annotations
 
 import jax
@@ -77,13 +78,28 @@ def make_inputs(size, seed=0):
     def w(*shape):
         return jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)
 
-    layers = [{"g1": jnp.ones((d,), jnp.float32), "g2": jnp.ones((d,), jnp.float32),
-               "wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d),
-               "w_up": w(d, 4 * d), "w_down": w(4 * d, d)} for _ in range(LAYERS)]
-    params = {"w_in": w(d, d), "layers": layers, "g_out": jnp.ones((d,), jnp.float32),
-              "w_vocab": w(d, vocab), "heads": jnp.zeros((heads,), jnp.float32)}
+    layers = [
+        {
+            "g1": jnp.ones((d,), jnp.float32),
+            "g2": jnp.ones((d,), jnp.float32),
+            "wq": w(d, d),
+            "wk": w(d, d),
+            "wv": w(d, d),
+            "wo": w(d, d),
+            "w_up": w(d, 4 * d),
+            "w_down": w(4 * d, d),
+        }
+        for _ in range(LAYERS)
+    ]
+    params = {
+        "w_in": w(d, d),
+        "layers": layers,
+        "g_out": jnp.ones((d,), jnp.float32),
+        "w_vocab": w(d, vocab),
+        "heads": jnp.zeros((heads,), jnp.float32),
+    }
     lengths = rng.integers(seq // 2, seq + 1, size=batch)
-    lengths[0] = seq // 2                                   # at least one padded sequence
+    lengths[0] = seq // 2  # at least one padded sequence
     tok_mask = np.arange(seq)[None, :] < lengths[:, None]
     x = rng.normal(size=(batch, seq, d)).astype(np.float32)
     x[~tok_mask] = 0.0
@@ -94,9 +110,15 @@ def make_inputs(size, seed=0):
 WORKLOAD = Workload(
     name="transformer_2layer",
     description="2-layer pre-LN transformer, masked attention, masked cross entropy, grad",
-    loss=loss, loss_dw=loss_dw, make_inputs=make_inputs,
-    sizes={"tiny": [(2, 8, 16, 2, 11)], "quick": [(4, 64, 128, 4, 256)],
-           "full": [(8, 128, 256, 4, 1024)]},
-    rtol=1e-4, atol=1e-5,
+    loss=loss,
+    loss_dw=loss_dw,
+    make_inputs=make_inputs,
+    sizes={
+        "tiny": [(2, 8, 16, 2, 11)],
+        "quick": [(4, 64, 128, 4, 256)],
+        "full": [(8, 128, 256, 4, 1024)],
+    },
+    rtol=1e-4,
+    atol=1e-5,
     size_label=lambda s: "B={},T={},D={},H={},V={}".format(*s),
 )

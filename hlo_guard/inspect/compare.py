@@ -18,11 +18,13 @@ arguments (integer leaves are held fixed):
 * ``hessian`` -- the Hessian of the sum of all (real) outputs, per pair of leaves;
 * ``none``    -- only the forward values.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,23 +55,24 @@ class Side:
 @dataclass
 class Entry:
     """One output value or one derivative, plain vs guarded."""
-    kind: str                      # "value" or "derivative"
+
+    kind: str  # "value" or "derivative"
     name: str
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     dtype: str
     plain: Side
     guarded: Side
-    max_abs_diff: Optional[float]  # on lanes finite in both; None if there are none
-    changed: List[Tuple[int, ...]]  # lanes whose values differ (NaN == NaN)
+    max_abs_diff: float | None  # on lanes finite in both; None if there are none
+    changed: list[tuple[int, ...]]  # lanes whose values differ (NaN == NaN)
     n_changed: int
     bitwise_equal: bool
-    fixed: int                     # non-finite in plain, finite guarded
-    introduced: int                # finite in plain, non-finite guarded
-    drifted: int                   # finite in both, differ beyond RTOL
+    fixed: int  # non-finite in plain, finite guarded
+    introduced: int  # finite in plain, non-finite guarded
+    drifted: int  # finite in both, differ beyond RTOL
     plain_values: Any = None
     guarded_values: Any = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["plain"], d["guarded"] = self.plain.__dict__, self.guarded.__dict__
         d["shape"] = list(self.shape)
@@ -107,28 +110,38 @@ def compare_arrays(kind: str, name: str, plain, guarded) -> Entry:
     nan_b = np.isnan(b) if inexact else np.zeros(b.shape, bool)
     both = fin_a & fin_b
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
-                      - b.astype(np.complex128 if np.iscomplexobj(b) else np.float64))
+        diff = np.abs(
+            a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+            - b.astype(np.complex128 if np.iscomplexobj(b) else np.float64)
+        )
         same = (a == b) | (nan_a & nan_b)
-        drift = both & (diff > RTOL * np.abs(a.astype(np.complex128 if np.iscomplexobj(a)
-                                                      else np.float64)))
+        drift = both & (
+            diff > RTOL * np.abs(a.astype(np.complex128 if np.iscomplexobj(a) else np.float64))
+        )
     changed_idx = np.argwhere(~same)
     return Entry(
-        kind=kind, name=name, shape=tuple(a.shape), dtype=str(a.dtype),
+        kind=kind,
+        name=name,
+        shape=tuple(a.shape),
+        dtype=str(a.dtype),
         plain=Side(int(nan_a.sum()), int((~fin_a & ~nan_a).sum())),
         guarded=Side(int(nan_b.sum()), int((~fin_b & ~nan_b).sum())),
         max_abs_diff=float(diff[both].max()) if both.any() else None,
         changed=[tuple(int(i) for i in ix) for ix in changed_idx[:MAX_LANES]],
         n_changed=int(len(changed_idx)),
         bitwise_equal=a.shape == b.shape and a.tobytes() == b.tobytes(),
-        fixed=int((~fin_a & fin_b).sum()), introduced=int((fin_a & ~fin_b).sum()),
+        fixed=int((~fin_a & fin_b).sum()),
+        introduced=int((fin_a & ~fin_b).sum()),
         drifted=int(drift.sum()),
-        plain_values=_json_values(a), guarded_values=_json_values(b))
+        plain_values=_json_values(a),
+        guarded_values=_json_values(b),
+    )
 
 
 # -- the transformed programs ----------------------------------------------------------
 
-def _transformed(progs: Programs, which: str, transform: str) -> Tuple[Callable, List[str]]:
+
+def _transformed(progs: Programs, which: str, transform: str) -> tuple[Callable, list[str]]:
     """(fn(*leaves) -> list of arrays, their names) for one side."""
     f = progs.flat(which)
     xi, yi = progs.diff_leaf_indices(), progs.diff_output_indices()
@@ -138,7 +151,8 @@ def _transformed(progs: Programs, which: str, transform: str) -> Tuple[Callable,
     if transform != "none" and (not xi or not yi):
         raise GuardUsageError(
             f"{progs.name} has no floating-point {'input' if not xi else 'output'} to "
-            f"differentiate (transform={transform!r}); use transform='none'")
+            f"differentiate (transform={transform!r}); use transform='none'"
+        )
 
     def restricted(leaves):
         def g(*diff):
@@ -147,6 +161,7 @@ def _transformed(progs: Programs, which: str, transform: str) -> Tuple[Callable,
                 full[i] = d
             outs = f(*full)
             return [outs[j] for j in yi]
+
         return g
 
     if transform == "none":
@@ -161,10 +176,12 @@ def _transformed(progs: Programs, which: str, transform: str) -> Tuple[Callable,
             outs, pull = jax.vjp(restricted(leaves), *[leaves[i] for i in xi])
             result = []
             for k in range(len(outs)):
-                cts = [jnp.ones_like(o) if m == k else jnp.zeros_like(o)
-                       for m, o in enumerate(outs)]
+                cts = [
+                    jnp.ones_like(o) if m == k else jnp.zeros_like(o) for m, o in enumerate(outs)
+                ]
                 result.extend(pull(cts))
             return result
+
         return vjp_fn, names
     if transform == "jvp":
         names = [f"jvp[{y}] along {x}" for x in xnames for y in ynames]
@@ -173,20 +190,22 @@ def _transformed(progs: Programs, which: str, transform: str) -> Tuple[Callable,
             primals = [leaves[i] for i in xi]
             result = []
             for k in range(len(xi)):
-                tangents = [jnp.ones_like(p) if m == k else jnp.zeros_like(p)
-                            for m, p in enumerate(primals)]
+                tangents = [
+                    jnp.ones_like(p) if m == k else jnp.zeros_like(p) for m, p in enumerate(primals)
+                ]
                 _, tout = jax.jvp(restricted(leaves), primals, tangents)
                 result.extend(tout)
             return result
+
         return jvp_fn, names
     if transform in ("jacfwd", "jacrev"):
         jac = jax.jacfwd if transform == "jacfwd" else jax.jacrev
         names = [f"{transform}[{y}] wrt {x}" for y in ynames for x in xnames]
 
         def jac_fn(*leaves):
-            J = jac(restricted(leaves), argnums=tuple(range(len(xi))))(
-                *[leaves[i] for i in xi])
+            J = jac(restricted(leaves), argnums=tuple(range(len(xi))))(*[leaves[i] for i in xi])
             return [J[k][m] for k in range(len(yi)) for m in range(len(xi))]
+
         return jac_fn, names
     if transform == "hessian":
         names = [f"hessian[{a}, {b}]" for a in xnames for b in xnames]
@@ -199,32 +218,35 @@ def _transformed(progs: Programs, which: str, transform: str) -> Tuple[Callable,
                 if any(jnp.iscomplexobj(o) for o in outs):
                     raise GuardUsageError("hessian needs real outputs")
                 return sum(jnp.sum(o) for o in outs)
+
             H = jax.hessian(total, argnums=tuple(range(len(xi))))(*[leaves[i] for i in xi])
             return [H[a][b] for a in range(len(xi)) for b in range(len(xi))]
+
         return hess_fn, names
     raise GuardUsageError(f"transform must be one of {', '.join(TRANSFORMS)}; got {transform!r}")
 
 
-def _run(fn: Callable, leaves) -> List[np.ndarray]:
+def _run(fn: Callable, leaves) -> list[np.ndarray]:
     compiled = jax.jit(fn).lower(*leaves).compile()
     return [np.asarray(x) for x in compiled(*leaves)]
 
 
 # -- the report ------------------------------------------------------------------------
 
+
 @dataclass
 class Comparison:
     function: str
     signature: str
     transform: str
-    entries: List[Entry] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
 
     @property
-    def values(self) -> List[Entry]:
+    def values(self) -> list[Entry]:
         return [e for e in self.entries if e.kind == "value"]
 
     @property
-    def derivatives(self) -> List[Entry]:
+    def derivatives(self) -> list[Entry]:
         return [e for e in self.entries if e.kind == "derivative"]
 
     def values_identical(self) -> bool:
@@ -253,48 +275,67 @@ class Comparison:
         if not self.values_identical():
             return "FAIL: the guarded program changed a forward value"
         if self.introduced():
-            return (f"FAIL: the guard made {self.introduced()} derivative lane(s) non-finite "
-                    "that were finite")
+            return (
+                f"FAIL: the guard made {self.introduced()} derivative lane(s) non-finite "
+                "that were finite"
+            )
         if self.drifted():
             return f"FAIL: {self.drifted()} finite derivative lane(s) changed value"
         left = self.guarded_nonfinite()
-        tail = (f"; {left} derivative lane(s) are still NaN/inf in the guarded program "
-                "(genuine singularities, or sites the report lists as unguarded)" if left
-                else "; every guarded derivative lane is finite")
-        return (f"OK: values identical, {self.fixed()} derivative lane(s) fixed "
-                f"(NaN/inf -> finite){tail}")
+        tail = (
+            f"; {left} derivative lane(s) are still NaN/inf in the guarded program "
+            "(genuine singularities, or sites the report lists as unguarded)"
+            if left
+            else "; every guarded derivative lane is finite"
+        )
+        return (
+            f"OK: values identical, {self.fixed()} derivative lane(s) fixed "
+            f"(NaN/inf -> finite){tail}"
+        )
 
-    def to_dict(self) -> Dict[str, Any]:
-        return {"function": self.function, "signature": self.signature,
-                "transform": self.transform, "ok": self.ok(),
-                "values_identical": self.values_identical(),
-                "fixed": self.fixed(), "introduced": self.introduced(),
-                "drifted": self.drifted(), "guarded_nonfinite": self.guarded_nonfinite(),
-                "verdict": self.verdict(),
-                "entries": [e.to_dict() for e in self.entries]}
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "function": self.function,
+            "signature": self.signature,
+            "transform": self.transform,
+            "ok": self.ok(),
+            "values_identical": self.values_identical(),
+            "fixed": self.fixed(),
+            "introduced": self.introduced(),
+            "drifted": self.drifted(),
+            "guarded_nonfinite": self.guarded_nonfinite(),
+            "verdict": self.verdict(),
+            "entries": [e.to_dict() for e in self.entries],
+        }
 
     def to_json(self, **kwargs) -> str:
         kwargs.setdefault("indent", 2)
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_text(self) -> str:
-        lines = [f"hlo_guard compare: {self.function}({self.signature}), "
-                 f"transform={self.transform}"]
+        lines = [
+            f"hlo_guard compare: {self.function}({self.signature}), transform={self.transform}"
+        ]
         for e in self.entries:
             shape = f"{e.dtype}{list(e.shape)}"
             lines.append(f"  {e.kind:<10} {e.name}  {shape}")
-            lines.append(f"      plain:   nan {e.plain.nan:<4} inf {e.plain.inf:<4}"
-                         + _small(e.plain_values))
-            lines.append(f"      guarded: nan {e.guarded.nan:<4} inf {e.guarded.inf:<4}"
-                         + _small(e.guarded_values))
+            lines.append(
+                f"      plain:   nan {e.plain.nan:<4} inf {e.plain.inf:<4}" + _small(e.plain_values)
+            )
+            lines.append(
+                f"      guarded: nan {e.guarded.nan:<4} inf {e.guarded.inf:<4}"
+                + _small(e.guarded_values)
+            )
             if e.bitwise_equal:
                 lines.append("      identical (bitwise)")
                 continue
             mad = "n/a" if e.max_abs_diff is None else f"{e.max_abs_diff:.3g}"
             shown = ", ".join(str(list(ix)) for ix in e.changed[:10])
             more = f" ... ({e.n_changed} in all)" if e.n_changed > 10 else ""
-            lines.append(f"      max |diff| on lanes finite in both: {mad}; "
-                         f"{e.n_changed} lane(s) changed: {shown}{more}")
+            lines.append(
+                f"      max |diff| on lanes finite in both: {mad}; "
+                f"{e.n_changed} lane(s) changed: {shown}{more}"
+            )
         lines.append(self.verdict())
         return "\n".join(lines)
 
@@ -308,8 +349,9 @@ def _small(values) -> str:
     flat = np.asarray(values, dtype=object).ravel()
     if flat.size > 8:
         return ""
-    return "  " + "[" + ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v)
-                                  for v in flat) + "]"
+    return (
+        "  " + "[" + ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat) + "]"
+    )
 
 
 def compare(fn, *args, transform: str = "grad", **kwargs) -> Comparison:
@@ -320,11 +362,15 @@ def compare(fn, *args, transform: str = "grad", **kwargs) -> Comparison:
     """
     if transform not in TRANSFORMS:
         raise GuardUsageError(
-            f"transform must be one of {', '.join(TRANSFORMS)}; got {transform!r}")
+            f"transform must be one of {', '.join(TRANSFORMS)}; got {transform!r}"
+        )
     from hlo_guard.inspect.explain_tf import is_tf_guarded
+
     if is_tf_guarded(fn):
-        raise GuardUsageError("compare runs JAX functions; for a TensorFlow function compare "
-                              "tf.GradientTape results of fn and of its python function")
+        raise GuardUsageError(
+            "compare runs JAX functions; for a TensorFlow function compare "
+            "tf.GradientTape results of fn and of its python function"
+        )
     progs = Programs.build(fn, args, kwargs)
     leaves = progs.leaves
     result = Comparison(function_name(progs.guarded.fn), progs.signature(), transform)

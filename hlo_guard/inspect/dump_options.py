@@ -1,6 +1,7 @@
 """The choices a dump offers (IR level, program, what to show), shared by the
 JAX dumps (:mod:`hlo_guard.inspect.dumps`) and the TF ones (:mod:`hlo_guard.inspect.explain_tf`)
 without either importing the other."""
+
 from __future__ import annotations
 
 from hlo_guard.errors import GuardUsageError

@@ -13,10 +13,10 @@ guards (``select_n(mask, stop_gradient(x), x)`` in a jaxpr, a ``select`` of a
 value with itself in forward StableHLO) say so, other inserted lines (mask
 computations, the transposed guard in a gradient) are marked as added.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Tuple
 
 import jax
 
@@ -24,7 +24,6 @@ from hlo_guard.errors import GuardUsageError
 from hlo_guard.inspect.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice  # noqa: F401
 from hlo_guard.inspect.programs import Programs
 from hlo_guard.inspect.textdiff import KEYS, diff_texts, inserted_lines, strip_hlo_debug
-
 
 _JAXPR_SG = re.compile(r"^\s*(\w+):\S+ = stop_gradient (\w+)\s*$")
 _JAXPR_SEL = re.compile(r"^\s*\w+:\S+ = select_n (\w+) (\w+) (\w+)\s*$")
@@ -37,12 +36,12 @@ ADDED_MARK = "hlo_guard: added"
 def mark_jaxpr(guarded: str, original: str) -> str:
     """``guarded`` with ``# hlo_guard: ...`` comments on guard and added lines."""
     lines = guarded.splitlines()
-    stopped: Dict[str, Tuple[int, str]] = {}
+    stopped: dict[str, tuple[int, str]] = {}
     for i, line in enumerate(lines):
         m = _JAXPR_SG.match(line)
         if m:
             stopped[m.group(1)] = (i, m.group(2))
-    notes: Dict[int, str] = {}
+    notes: dict[int, str] = {}
     for i, line in enumerate(lines):
         m = _JAXPR_SEL.match(line)
         if m:
@@ -54,8 +53,10 @@ def mark_jaxpr(guarded: str, original: str) -> str:
     for i in inserted_lines(original.splitlines(), lines, KEYS["jaxpr"]):
         m = _JAXPR_SEL.match(lines[i])
         if m and i not in notes:
-            notes[i] = (f"{GUARD_MARK} (transposed): cotangent {m.group(3)} kept only "
-                        f"where {m.group(1)}, else 0")
+            notes[i] = (
+                f"{GUARD_MARK} (transposed): cotangent {m.group(3)} kept only "
+                f"where {m.group(1)}, else 0"
+            )
         notes.setdefault(i, ADDED_MARK)
     return "\n".join(f"{l}  # {notes[i]}" if i in notes else l for i, l in enumerate(lines))
 
@@ -64,12 +65,14 @@ def mark_stablehlo(guarded: str, original: str = None) -> str:
     """``guarded`` with ``// hlo_guard: ...`` comments: a select of a value with
     itself is a guard as lowered in a forward program."""
     lines = guarded.splitlines()
-    notes: Dict[int, str] = {}
+    notes: dict[int, str] = {}
     for i, line in enumerate(lines):
         m = _SHLO_SEL.search(line)
         if m and m.group(2) == m.group(3):
-            notes[i] = (f"{GUARD_MARK}: select(mask, x, stop_gradient(x)) lowered; "
-                        "identity in value, folded by XLA")
+            notes[i] = (
+                f"{GUARD_MARK}: select(mask, x, stop_gradient(x)) lowered; "
+                "identity in value, folded by XLA"
+            )
     if original is not None:
         for i in inserted_lines(original.splitlines(), lines, KEYS["stablehlo"]):
             if i not in notes and _SHLO_SEL.search(lines[i]):
@@ -80,10 +83,14 @@ def mark_stablehlo(guarded: str, original: str = None) -> str:
 
 def mark_hlo(guarded: str, original: str) -> str:
     lines = guarded.splitlines()
-    added = set(inserted_lines(strip_hlo_debug(original).splitlines(),
-                               [strip_hlo_debug(l) for l in lines], KEYS["hlo"]))
-    return "\n".join(f"{l}  // {ADDED_MARK}" if i in added and l.strip() else l
-                     for i, l in enumerate(lines))
+    added = set(
+        inserted_lines(
+            strip_hlo_debug(original).splitlines(), [strip_hlo_debug(l) for l in lines], KEYS["hlo"]
+        )
+    )
+    return "\n".join(
+        f"{l}  // {ADDED_MARK}" if i in added and l.strip() else l for i, l in enumerate(lines)
+    )
 
 
 class ProgramDumps:
@@ -91,8 +98,8 @@ class ProgramDumps:
 
     def __init__(self, progs: Programs):
         self.progs = progs
-        self._texts: Dict[Tuple[str, str, str], str] = {}
-        self._lowered: Dict[Tuple[str, str], object] = {}
+        self._texts: dict[tuple[str, str, str], str] = {}
+        self._lowered: dict[tuple[str, str], object] = {}
 
     def _lower(self, which: str, program: str):
         key = (which, program)
@@ -130,12 +137,18 @@ class ProgramDumps:
         original = self.text("original", level, program)
         guarded = self.text("guarded", level, program)
         name = self.progs.name
-        diff = diff_texts(level, original, guarded,
-                          fromfile=f"{name} original {program} {level}",
-                          tofile=f"{name} guarded {program} {level}")
+        diff = diff_texts(
+            level,
+            original,
+            guarded,
+            fromfile=f"{name} original {program} {level}",
+            tofile=f"{name} guarded {program} {level}",
+        )
         if not diff:
-            return (f"(no difference between original and guarded {program} {level} of "
-                    f"{name}, ignoring value names and metadata)")
+            return (
+                f"(no difference between original and guarded {program} {level} of "
+                f"{name}, ignoring value names and metadata)"
+            )
         return diff
 
     def show(self, level: str = "jaxpr", program: str = "forward", show: str = "diff") -> str:
@@ -149,23 +162,31 @@ class ProgramDumps:
         if show == "guarded":
             return self.marked(level, program)
         name = self.progs.name
-        return "\n".join([f"==== {name}: original {program} {level} ====",
-                          self.text("original", level, program), "",
-                          f"==== {name}: guarded {program} {level} ====",
-                          self.marked(level, program)])
+        return "\n".join(
+            [
+                f"==== {name}: original {program} {level} ====",
+                self.text("original", level, program),
+                "",
+                f"==== {name}: guarded {program} {level} ====",
+                self.marked(level, program),
+            ]
+        )
 
 
-def dump(fn, *args, level: str = "jaxpr", program: str = "forward", show: str = "diff",
-         **kwargs) -> str:
+def dump(
+    fn, *args, level: str = "jaxpr", program: str = "forward", show: str = "diff", **kwargs
+) -> str:
     """Text of ``fn`` (plain, ``guard(f)`` or ``guarded_jit(f)``) at these arguments:
     ``show='diff'`` (default), ``'guarded'`` (marked), ``'original'`` or ``'both'``.
     A TensorFlow-guarded function is dumped through XLA's compiler IR."""
     from hlo_guard.inspect.explain_tf import TFDumps, is_tf_guarded
+
     if is_tf_guarded(fn):
         if kwargs:
             raise GuardUsageError("dumps of a TensorFlow function take positional arguments")
         return TFDumps(fn, args).show(level, program, show)
     from hlo_guard.inspect.explain_tf import refuse_plain_tf
+
     with refuse_plain_tf(fn, args, kwargs, tool="hlo_guard.dump"):
         return ProgramDumps(Programs.build(fn, args, kwargs)).show(level, program, show)
 
@@ -187,5 +208,5 @@ def dump_lowered(lowered, level: str = "stablehlo", original=None) -> str:
     return diff or f"(no difference at {level}, ignoring value names and metadata)"
 
 
-def levels_available() -> List[str]:
+def levels_available() -> list[str]:
     return list(LEVELS)

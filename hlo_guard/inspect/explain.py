@@ -19,23 +19,23 @@ guards sit on an operation's *output* (``output`` is set instead of
 ``operand``): its input tangents are structurally zero in some lanes, which
 its derivative could multiply by inf under ``jvp``/``jacfwd``.
 """
+
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 import jax
 
-from passes.lattice import Level
-from passes.planning import plan_guards
-
 from hlo_guard.inspect.dumps import ProgramDumps
-from hlo_guard.jax_frontend import interpreter
-from hlo_guard.jax_frontend.graph import Literal
-from hlo_guard.jax_frontend.rules.calls import MASK_ONLY
 from hlo_guard.inspect.programs import Programs, function_name
 from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
 from hlo_guard.inspect.scopes import ScopeTree
+from hlo_guard.jax_frontend import interpreter
+from hlo_guard.jax_frontend.graph import Literal
+from hlo_guard.jax_frontend.rules.calls import MASK_ONLY
+from passes.lattice import Level
+from passes.planning import plan_guards
 
 
 def explain(fn, *args, **kwargs) -> ExplainReport:
@@ -49,6 +49,7 @@ def explain(fn, *args, **kwargs) -> ExplainReport:
     shows the program itself.
     """
     from hlo_guard.inspect.explain_tf import explain_tf, is_tf_guarded, refuse_plain_tf
+
     if is_tf_guarded(fn):  # one report model for both front ends
         return explain_tf(fn, *args, **kwargs)
     with refuse_plain_tf(fn, args, kwargs):
@@ -64,13 +65,18 @@ def build_report(progs: Programs) -> ExplainReport:
     tree = ScopeTree(analysis)
     input_names = dict(zip(progs.program.closed_jaxpr.jaxpr.invars, progs.leaf_names()))
     explainer = _Explainer(tree, Renderer(tree, input_names))
-    sites: List[SiteInfo] = []
+    sites: list[SiteInfo] = []
     for a in tree.analyses():
         if not a.notes.get(MASK_ONLY):  # a custom call's body: masks only, never guarded
             sites.extend(explainer.scope_sites(a))
     dumps = ProgramDumps(progs)
-    report = ExplainReport(framework="jax", function=function_name(progs.guarded.fn),
-                           sites=sites, signature=progs.signature(), _dumps=dumps.show)
+    report = ExplainReport(
+        framework="jax",
+        function=function_name(progs.guarded.fn),
+        sites=sites,
+        signature=progs.signature(),
+        _dumps=dumps.show,
+    )
     return report
 
 
@@ -96,36 +102,56 @@ class _Explainer:
         self.tree = tree
         self.render = renderer
 
-    def scope_sites(self, analysis) -> List[SiteInfo]:
+    def scope_sites(self, analysis) -> list[SiteInfo]:
         graph = analysis.graph
         guards, unguarded = plan_guards(analysis)
-        out: List[SiteInfo] = []
-        skipped = sorted(analysis.notes.get("_skipped", ()),
-                         key=lambda t: (t[0], -1 if t[1] is None else t[1]))
+        out: list[SiteInfo] = []
+        skipped = sorted(
+            analysis.notes.get("_skipped", ()), key=lambda t: (t[0], -1 if t[1] is None else t[1])
+        )
         skipped_uses = {(n, i) for n, i, _ in skipped}
         passed_skip = self.passed_masks_skipped(analysis)
         for site in guards:
             eqn = graph.eqns[site.node]
             loc, _ = self.tree.location(graph, site.node)
-            origins = [self.origin(graph, site.node, site.index, tok)
-                       for tok in site.liveness.origins]
+            origins = [
+                self.origin(graph, site.node, site.index, tok) for tok in site.liveness.origins
+            ]
             if passed_skip is not None and not any(
-                    self.within(tok.graph, graph) for tok in site.liveness.origins):
+                self.within(tok.graph, graph) for tok in site.liveness.origins
+            ):
                 # its mask was to come from the caller, which could not build it
-                out.append(SiteInfo(
-                    kind="unguarded", op=_op_name(eqn), location=loc, scope=graph.scope,
-                    operand=site.index, origins=origins, primitive=eqn.primitive.name,
-                    category="skipped", node=site.node, level=_level_name(site.liveness.level),
-                    reason=f"guard on input {site.index} skipped: {passed_skip}",
-                    mask=_mask_text(origins, False)))
+                out.append(
+                    SiteInfo(
+                        kind="unguarded",
+                        op=_op_name(eqn),
+                        location=loc,
+                        scope=graph.scope,
+                        operand=site.index,
+                        origins=origins,
+                        primitive=eqn.primitive.name,
+                        category="skipped",
+                        node=site.node,
+                        level=_level_name(site.liveness.level),
+                        reason=f"guard on input {site.index} skipped: {passed_skip}",
+                        mask=_mask_text(origins, False),
+                    )
+                )
                 continue
             record = SiteInfo(
-                kind="guard", op=_op_name(eqn), location=loc, scope=graph.scope,
-                operand=site.index, statically_dead=site.statically_dead,
-                origins=origins, primitive=eqn.primitive.name,
+                kind="guard",
+                op=_op_name(eqn),
+                location=loc,
+                scope=graph.scope,
+                operand=site.index,
+                statically_dead=site.statically_dead,
+                origins=origins,
+                primitive=eqn.primitive.name,
                 operand_expr=self.render.atom(graph, eqn.invars[site.index]),
-                level=_level_name(site.liveness.level), node=site.node,
-                mask=_mask_text(origins, site.statically_dead))
+                level=_level_name(site.liveness.level),
+                node=site.node,
+                mask=_mask_text(origins, site.statically_dead),
+            )
             if (site.node, site.index) in skipped_uses:
                 continue  # reported below as skipped, not as a guard
             out.append(record)
@@ -135,31 +161,59 @@ class _Explainer:
                 out.append(self.skipped_output(analysis, node, index[1], reason))
                 continue
             eqn = graph.eqns[node]
-            if index is None and _is_inline_call(eqn) and (node, 0) in analysis.subs \
-                    and plan_guards(analysis.subs[(node, 0)])[0]:
+            if (
+                index is None
+                and _is_inline_call(eqn)
+                and (node, 0) in analysis.subs
+                and plan_guards(analysis.subs[(node, 0)])[0]
+            ):
                 continue  # reported on the guard sites inside (jnp.sqrt's sqrt)
             loc, _ = self.tree.location(graph, node)
             lv = analysis.use(node, index) if index is not None else None
-            origins = [self.origin(graph, node, index, tok)
-                       for tok in (lv.origins if lv is not None else ())]
-            what = (f"input {index}" if index is not None
-                    else "the dead lanes of its outputs (passed into its body)")
-            out.append(SiteInfo(
-                kind="unguarded", op=_op_name(eqn), location=loc, scope=graph.scope,
-                operand=index, origins=origins, primitive=eqn.primitive.name,
-                category="skipped", node=node,
-                level=_level_name(lv.level) if lv is not None else "",
-                reason=f"guard on {what} skipped: {reason}",
-                mask=_mask_text(origins, False)))
+            origins = [
+                self.origin(graph, node, index, tok)
+                for tok in (lv.origins if lv is not None else ())
+            ]
+            what = (
+                f"input {index}"
+                if index is not None
+                else "the dead lanes of its outputs (passed into its body)"
+            )
+            out.append(
+                SiteInfo(
+                    kind="unguarded",
+                    op=_op_name(eqn),
+                    location=loc,
+                    scope=graph.scope,
+                    operand=index,
+                    origins=origins,
+                    primitive=eqn.primitive.name,
+                    category="skipped",
+                    node=node,
+                    level=_level_name(lv.level) if lv is not None else "",
+                    reason=f"guard on {what} skipped: {reason}",
+                    mask=_mask_text(origins, False),
+                )
+            )
         for u in unguarded:
             eqn = graph.eqns[u.node]
             loc, _ = self.tree.location(graph, u.node)
             origins = [self.origin(graph, u.node, None, tok) for tok in u.liveness.origins]
-            out.append(SiteInfo(
-                kind="unguarded", op=_op_name(eqn), location=loc, scope=graph.scope,
-                origins=origins, primitive=eqn.primitive.name, reason=u.reason,
-                category=self.category(analysis, u.node), node=u.node,
-                level=_level_name(u.liveness.level), mask=_mask_text(origins, False)))
+            out.append(
+                SiteInfo(
+                    kind="unguarded",
+                    op=_op_name(eqn),
+                    location=loc,
+                    scope=graph.scope,
+                    origins=origins,
+                    primitive=eqn.primitive.name,
+                    reason=u.reason,
+                    category=self.category(analysis, u.node),
+                    node=u.node,
+                    level=_level_name(u.liveness.level),
+                    mask=_mask_text(origins, False),
+                )
+            )
         return out
 
     def passed_masks_skipped(self, analysis):
@@ -183,12 +237,12 @@ class _Explainer:
             graph = p.analysis.graph if p is not None else None
         return False
 
-    def output_sites(self, analysis, skipped_uses) -> List[SiteInfo]:
+    def output_sites(self, analysis, skipped_uses) -> list[SiteInfo]:
         """Forward-mode guards on operations' outputs, planned as the interpreter does."""
         graph = analysis.graph
         forward = interpreter.forward_of(analysis)
         self.tree.add_forward(forward, analysis)
-        out: List[SiteInfo] = []
+        out: list[SiteInfo] = []
         for node, sites in sorted(interpreter.output_sites_by_node(analysis).items()):
             for site in sites:
                 if (node, ("output", site.index)) in skipped_uses:
@@ -196,23 +250,41 @@ class _Explainer:
                 eqn = graph.eqns[node]
                 loc, _ = self.tree.location(graph, node)
                 origins = [self.forward_origin(tok) for tok in site.liveness.origins]
-                out.append(SiteInfo(
-                    kind="guard", op=_op_name(eqn), location=loc, scope=graph.scope,
-                    statically_dead=site.statically_dead, origins=origins,
-                    primitive=eqn.primitive.name, output=site.index, mode="forward",
-                    operand_expr=self.render.equation(graph, node, out_index=site.index),
-                    level=_level_name(site.liveness.level), node=node,
-                    mask=_mask_text(origins, site.statically_dead)))
+                out.append(
+                    SiteInfo(
+                        kind="guard",
+                        op=_op_name(eqn),
+                        location=loc,
+                        scope=graph.scope,
+                        statically_dead=site.statically_dead,
+                        origins=origins,
+                        primitive=eqn.primitive.name,
+                        output=site.index,
+                        mode="forward",
+                        operand_expr=self.render.equation(graph, node, out_index=site.index),
+                        level=_level_name(site.liveness.level),
+                        node=node,
+                        mask=_mask_text(origins, site.statically_dead),
+                    )
+                )
         return out
 
     def skipped_output(self, analysis, node, index, reason) -> SiteInfo:
         graph = analysis.graph
         eqn = graph.eqns[node]
         loc, _ = self.tree.location(graph, node)
-        return SiteInfo(kind="unguarded", op=_op_name(eqn), location=loc,
-                        scope=graph.scope, primitive=eqn.primitive.name, output=index,
-                        mode="forward", category="skipped", node=node,
-                        reason=f"forward-mode guard on output {index} skipped: {reason}")
+        return SiteInfo(
+            kind="unguarded",
+            op=_op_name(eqn),
+            location=loc,
+            scope=graph.scope,
+            primitive=eqn.primitive.name,
+            output=index,
+            mode="forward",
+            category="skipped",
+            node=node,
+            reason=f"forward-mode guard on output {index} skipped: {reason}",
+        )
 
     def forward_origin(self, token) -> OriginInfo:
         """An upstream selection that makes tangent lanes structurally zero."""
@@ -227,9 +299,13 @@ class _Explainer:
         fa = self.tree.forward_of_graph(token.graph)
         meaning = f"lanes whose tangent `{prim}` makes structurally zero"
         if prim == "select_n" and fa is not None:
-            live = [k for k, v in enumerate(eqn.invars[1:])
-                    if not isinstance(v, Literal) and fa.value_liveness(v).reaches_output
-                    and not fa.value_liveness(v).is_dead]
+            live = [
+                k
+                for k, v in enumerate(eqn.invars[1:])
+                if not isinstance(v, Literal)
+                and fa.value_liveness(v).reaches_output
+                and not fa.value_liveness(v).is_dead
+            ]
             pred = self.render.atom(graph, eqn.invars[0])
             if len(eqn.invars) == 3 and len(live) == 1:
                 pred, negated = positive(pred)
@@ -237,8 +313,14 @@ class _Explainer:
                 meaning = f"lanes where `{pred}` is {word} (the select takes a constant there)"
             else:
                 meaning = f"lanes where the select on `{pred}` takes a constant"
-        return OriginInfo(op=op, location=loc, meaning=meaning, primitive=prim,
-                          scope=graph.scope, inherited_location=inherited)
+        return OriginInfo(
+            op=op,
+            location=loc,
+            meaning=meaning,
+            primitive=prim,
+            scope=graph.scope,
+            inherited_location=inherited,
+        )
 
     @staticmethod
     def category(analysis, node: int) -> str:
@@ -268,9 +350,15 @@ class _Explainer:
         if prim == "select_n" and len(operands) > 1:
             operands.discard(0)  # the predicate carries no derivative
         operand = min(operands) if len(operands) == 1 else None
-        return OriginInfo(op=op, location=loc, meaning=self.meaning(ograph, onode, operand),
-                          primitive=prim, scope=ograph.scope, operand=operand,
-                          inherited_location=inherited)
+        return OriginInfo(
+            op=op,
+            location=loc,
+            meaning=self.meaning(ograph, onode, operand),
+            primitive=prim,
+            scope=ograph.scope,
+            operand=operand,
+            inherited_location=inherited,
+        )
 
     def meaning(self, graph, node: int, operand) -> str:
         """The lanes this selecting equation kills for input ``operand``, in words."""
@@ -297,8 +385,10 @@ class _Explainer:
             this = r.atom(graph, args[operand])
             other = r.atom(graph, args[1 - operand])
             cmp = "<" if prim == "max" else ">"
-            return (f"lanes where `{this} {cmp} {other}` "
-                    f"({prim} takes the other operand; ties share the derivative)")
+            return (
+                f"lanes where `{this} {cmp} {other}` "
+                f"({prim} takes the other operand; ties share the derivative)"
+            )
         if prim == "clamp":
             lo, x, hi = (r.atom(graph, a) for a in args)
             if operand == 1:
@@ -311,8 +401,10 @@ class _Explainer:
         if prim in ("reduce_max", "reduce_min"):
             x = r.atom(graph, args[0])
             word = "maximum" if prim == "reduce_max" else "minimum"
-            return (f"elements of `{x}` that are not the {word} over axes "
-                    f"{tuple(eqn.params.get('axes', ()))} (ties share the derivative)")
+            return (
+                f"elements of `{x}` that are not the {word} over axes "
+                f"{tuple(eqn.params.get('axes', ()))} (ties share the derivative)"
+            )
         if prim == "slice":
             return f"lanes outside the slice `{slice_text(eqn)}` of `{r.atom(graph, args[0])}`"
         if prim in ("gather", "dynamic_slice"):
@@ -349,7 +441,7 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
-def _mask_text(origins: List[OriginInfo], statically_dead: bool) -> str:
+def _mask_text(origins: list[OriginInfo], statically_dead: bool) -> str:
     if statically_dead:
         return "every lane"
     meanings = []
@@ -359,6 +451,6 @@ def _mask_text(origins: List[OriginInfo], statically_dead: bool) -> str:
     return "; ".join(meanings)
 
 
-def explain_dict(fn, *args, **kwargs) -> Dict[str, Any]:
+def explain_dict(fn, *args, **kwargs) -> dict[str, Any]:
     """``explain(...).to_dict()``, for callers that only want data."""
     return explain(fn, *args, **kwargs).to_dict()

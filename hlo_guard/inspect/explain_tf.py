@@ -8,15 +8,15 @@ of the original and the guarded ``tf.function`` through
 ``experimental_get_compiler_ir`` (``stablehlo`` as lowered, ``hlo`` optimized).
 TensorFlow is imported only when such a function is passed in.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from typing import Optional
 
-from hlo_guard.inspect.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.inspect.dump_options import LEVELS, PROGRAMS, SHOWS, check_choice
 from hlo_guard.inspect.report_model import ExplainReport
 from hlo_guard.inspect.textdiff import diff_texts
 
@@ -41,7 +41,8 @@ class PlainTFFunctionError(GuardUsageError):
         self.kind = kind
         super().__init__(
             f"{self.name} is {kind}, not a JAX function; wrap it with the TensorFlow front "
-            f"end first: {tool}(hlo_guard.tf.guard({self.name}), *args)")
+            f"end first: {tool}(hlo_guard.tf.guard({self.name}), *args)"
+        )
 
 
 def _display_name(fn) -> str:
@@ -100,8 +101,12 @@ def refuse_plain_tf(fn, args=(), kwargs=None, tool: str = "hlo_guard.explain"):
 
 def lift(base) -> ExplainReport:
     """An :class:`ExplainReport` with the records of a base ``Report``."""
-    return ExplainReport(framework=base.framework, function=base.function,
-                         sites=list(base.sites), extra=dict(base.extra))
+    return ExplainReport(
+        framework=base.framework,
+        function=base.function,
+        sites=list(base.sites),
+        extra=dict(base.extra),
+    )
 
 
 class TFDumps:
@@ -112,18 +117,23 @@ class TFDumps:
 
     def text(self, which: str, level: str, program: str) -> str:
         if level not in TF_STAGES:
-            raise GuardUsageError("a TensorFlow program has no jaxpr; use level='stablehlo' "
-                                  "or level='hlo'")
+            raise GuardUsageError(
+                "a TensorFlow program has no jaxpr; use level='stablehlo' or level='hlo'"
+            )
         key = (which, level, program)
         if key not in self._texts:
             from hlo_guard.tf.report import compiler_ir
-            self._texts[key] = compiler_ir(self.fn, *self.args, stage=TF_STAGES[level],
-                                           gradient=program == "grad",
-                                           guarded=which == "guarded")
+
+            self._texts[key] = compiler_ir(
+                self.fn,
+                *self.args,
+                stage=TF_STAGES[level],
+                gradient=program == "grad",
+                guarded=which == "guarded",
+            )
         return self._texts[key]
 
-    def show(self, level: Optional[str] = None, program: str = "forward",
-             show: str = "diff") -> str:
+    def show(self, level: str | None = None, program: str = "forward", show: str = "diff") -> str:
         level = level or "stablehlo"  # a TF program has no jaxpr
         check_choice("level", level, LEVELS)
         check_choice("program", program, PROGRAMS)
@@ -132,14 +142,17 @@ class TFDumps:
             return self.text(show, level, program)
         a, b = self.text("original", level, program), self.text("guarded", level, program)
         if show == "both":
-            return f"==== original {program} {level} ====\n{a}\n\n" \
-                   f"==== guarded {program} {level} ====\n{b}"
+            return (
+                f"==== original {program} {level} ====\n{a}\n\n"
+                f"==== guarded {program} {level} ====\n{b}"
+            )
         diff = diff_texts(level, a, b)
         return diff or f"(no difference at {level}, ignoring value names and metadata)"
 
 
 def explain_tf(fn, *args, **kwargs) -> ExplainReport:
     from hlo_guard.tf.report import report
+
     result = lift(report(fn, *args, **kwargs))
     if not kwargs:
         result._dumps = TFDumps(fn, args).show

@@ -7,11 +7,13 @@ positional arrays.  Both sides go through the public callables (the user's
 ``fn`` and the :class:`~hlo_guard.api.GuardedFunction`), so whatever the guard
 does at call time is what is dumped and compared.
 """
+
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,28 +45,31 @@ def function_name(fn) -> str:
 @dataclass
 class Programs:
     """One call signature of ``fn``: its leaves, their names, and flat callables."""
+
     guarded: GuardedFunction
-    program: Any                 # hlo_guard.jax_frontend.tracing.TracedProgram
-    leaves: List[Any]
+    program: Any  # hlo_guard.jax_frontend.tracing.TracedProgram
+    leaves: list[Any]
     static: Any
     n_args: int
     name: str
 
     @classmethod
-    def build(cls, fn, args: Sequence[Any], kwargs: dict) -> "Programs":
+    def build(cls, fn, args: Sequence[Any], kwargs: dict) -> Programs:
         g = as_guarded(fn)
         program, leaves = g.traced(*args, **kwargs)
-        _, _, _, _, static = signature_of(g.fn, args, kwargs, g.static_argnums,
-                                          g.static_argnames)
+        _, _, _, _, static = signature_of(g.fn, args, kwargs, g.static_argnums, g.static_argnames)
         name = getattr(g.fn, "__name__", None) or "fn"
         return cls(g, program, list(leaves), static, len(args), name)
 
     # -- names -----------------------------------------------------------------------
-    def leaf_names(self) -> List[str]:
+    def leaf_names(self) -> list[str]:
         """``x``, ``params['w']``, ``args[2]`` ... one per dynamic leaf."""
         try:
-            params = [p for p in inspect.signature(self.guarded.fn).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            params = [
+                p
+                for p in inspect.signature(self.guarded.fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
         except (TypeError, ValueError):
             params = []
         static_pos = {i for i, _ in self.static[0]}
@@ -79,14 +84,14 @@ class Programs:
                 pos = dyn_positions[k] if k < len(dyn_positions) else k
                 base = params[pos].name if pos < len(params) else f"args[{pos}]"
                 names.append(base + jax.tree_util.keystr(tuple(rest[1:])))
-            elif rest:              # keyword
+            elif rest:  # keyword
                 key = getattr(rest[0], "key", rest[0])
                 names.append(str(key) + jax.tree_util.keystr(tuple(rest[1:])))
             else:
                 names.append(jax.tree_util.keystr(path))
         return names
 
-    def output_names(self) -> List[str]:
+    def output_names(self) -> list[str]:
         out_tree = self.program.out_tree
         n = out_tree.num_leaves
         tree = jax.tree_util.tree_unflatten(out_tree, list(range(n)))
@@ -122,10 +127,10 @@ class Programs:
         flat_fn.__name__ = flat_fn.__qualname__ = self.name
         return flat_fn
 
-    def diff_leaf_indices(self) -> List[int]:
+    def diff_leaf_indices(self) -> list[int]:
         return [i for i, x in enumerate(self.leaves) if is_inexact_aval(jax.typeof(x))]
 
-    def diff_output_indices(self) -> List[int]:
+    def diff_output_indices(self) -> list[int]:
         outs = self.program.closed_jaxpr.out_avals
         return [j for j, a in enumerate(outs) if is_inexact_aval(a)]
 
@@ -137,7 +142,8 @@ class Programs:
         if not xi or not yi:
             raise GuardUsageError(
                 f"{self.name} has no floating-point {'input' if not xi else 'output'}: "
-                "there is no gradient program to show")
+                "there is no gradient program to show"
+            )
 
         def grad_fn(*leaves):
             def partial_fn(*diff):
@@ -146,6 +152,7 @@ class Programs:
                     full[i] = d
                 outs = f(*full)
                 return [outs[j] for j in yi]
+
             outs, vjp = jax.vjp(partial_fn, *[leaves[i] for i in xi])
             return list(vjp([jnp.ones_like(o) for o in outs]))
 
@@ -160,5 +167,5 @@ class Programs:
         raise GuardUsageError(f"program must be 'forward' or 'grad', got {program!r}")
 
 
-def leaves_as_arrays(leaves) -> Tuple[Any, ...]:
+def leaves_as_arrays(leaves) -> tuple[Any, ...]:
     return tuple(x if isinstance(x, jax.Array) else np.asarray(x) for x in leaves)

@@ -7,21 +7,41 @@ inputs and the caller's expression for the inputs of a nested ``jit`` body
 (``jnp.where``'s ``select_n`` sees its predicate as a body input).
 Shape-only steps (dtype conversion, broadcasting, reshape) are transparent.
 """
-from __future__ import annotations
 
-from typing import Dict
+from __future__ import annotations
 
 import numpy as np
 
 from hlo_guard.jax_frontend.graph import Literal
 
 INFIX = {
-    "gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!=",
-    "add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|",
-    "add_any": "+", "rem": "%", "pow": "**",
+    "gt": ">",
+    "ge": ">=",
+    "lt": "<",
+    "le": "<=",
+    "eq": "==",
+    "ne": "!=",
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "and": "&",
+    "or": "|",
+    "add_any": "+",
+    "rem": "%",
+    "pow": "**",
 }
-TRANSPARENT = {"convert_element_type", "broadcast_in_dim", "reshape", "squeeze",
-               "copy", "reduce_precision", "pvary", "sharding_constraint", "reshard"}
+TRANSPARENT = {
+    "convert_element_type",
+    "broadcast_in_dim",
+    "reshape",
+    "squeeze",
+    "copy",
+    "reduce_precision",
+    "pvary",
+    "sharding_constraint",
+    "reshard",
+}
 #: default depth of an expression: deeper sub-expressions become ``…``
 DEPTH = 3
 ELLIPSIS = "…"
@@ -43,13 +63,13 @@ def format_literal(val) -> str:
 class Renderer:
     """Renders atoms of any graph in a :class:`hlo_guard.inspect.scopes.ScopeTree`."""
 
-    def __init__(self, tree, input_names: Dict[object, str]):
+    def __init__(self, tree, input_names: dict[object, str]):
         self.tree = tree
         self.input_names = input_names  # top-level invar -> argument name
-        self._local: Dict[int, Dict[object, str]] = {}
+        self._local: dict[int, dict[object, str]] = {}
         # bodies of inline calls read for rendering only (not in the tree)
-        self._bodies: Dict[tuple, object] = {}
-        self._callers: Dict[int, tuple] = {}
+        self._bodies: dict[tuple, object] = {}
+        self._callers: dict[int, tuple] = {}
 
     def name(self, graph, var) -> str:
         """Words for a value with no better rendering (never a jaxpr name):
@@ -142,8 +162,10 @@ class Renderer:
         if prim in TRANSPARENT and args:
             return self._atom(graph, args[0], depth)
         if prim in INFIX and len(args) == 2:
-            return (f"{self._wrapped(graph, args[0], sub)} {INFIX[prim]} "
-                    f"{self._wrapped(graph, args[1], sub)}")
+            return (
+                f"{self._wrapped(graph, args[0], sub)} {INFIX[prim]} "
+                f"{self._wrapped(graph, args[1], sub)}"
+            )
         if prim == "not" and len(args) == 1:
             return f"~{self._wrapped(graph, args[0], sub)}"
         if prim == "neg" and len(args) == 1:
@@ -177,11 +199,14 @@ class Renderer:
             body_graph = self._bodies.get(key)
             if body_graph is None:
                 from hlo_guard.jax_frontend.graph import JaxprGraph
+
                 body = eqn.params["jaxpr"]
                 body_graph = JaxprGraph(getattr(body, "jaxpr", body), graph.scope)
                 self._bodies[key] = body_graph
                 self._callers[id(body_graph)] = (
-                    graph, dict(zip(body_graph.jaxpr.invars, eqn.invars)))
+                    graph,
+                    dict(zip(body_graph.jaxpr.invars, eqn.invars)),
+                )
         outs = body_graph.jaxpr.outvars
         if out_index >= len(outs):
             return None

@@ -14,11 +14,13 @@ renders and serialises here, and JSON from either front end has the same keys:
 * ``ExplainReport``: counts by kind and by scope, the argument signature, and
   the dumps of the same program (``report.dumps(level, program)``).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 from passes.report import OriginRecord, Report, SiteRecord
 
@@ -30,20 +32,20 @@ CATEGORIES = ("no-rule", "conservative", "control-flow", "skipped", "other")
 class OriginInfo(OriginRecord):
     primitive: str = ""
     scope: str = ""
-    operand: Optional[int] = None    # which input of the selecting op is reached
+    operand: int | None = None  # which input of the selecting op is reached
     inherited_location: bool = False  # location is the enclosing call's
 
 
 @dataclass
 class SiteInfo(SiteRecord):
     primitive: str = ""
-    operand_expr: str = ""       # the guarded input, rendered
-    level: str = ""              # "partial" | "dead"
-    category: str = ""           # unguarded sites only
-    mask: str = ""               # the dead lanes in words
-    node: Optional[int] = None   # equation index within its scope's jaxpr
-    output: Optional[int] = None  # forward-mode guard: which output is guarded
-    mode: str = "reverse"        # "reverse" (input guard) or "forward" (output guard)
+    operand_expr: str = ""  # the guarded input, rendered
+    level: str = ""  # "partial" | "dead"
+    category: str = ""  # unguarded sites only
+    mask: str = ""  # the dead lanes in words
+    node: int | None = None  # equation index within its scope's jaxpr
+    output: int | None = None  # forward-mode guard: which output is guarded
+    mode: str = "reverse"  # "reverse" (input guard) or "forward" (output guard)
 
 
 def _get(obj, name, default=""):
@@ -53,7 +55,7 @@ def _get(obj, name, default=""):
 _LOCATION = re.compile(r"^(?P<file>.*?):(?P<line>\d+)(?::(?P<col>\d+))?")
 
 
-def _location_key(location: str) -> Tuple[Any, ...]:
+def _location_key(location: str) -> tuple[Any, ...]:
     """Sort key of ``file:line:col (fn)``: program order within a file."""
     m = _LOCATION.match(location or "")
     if not m:
@@ -61,7 +63,7 @@ def _location_key(location: str) -> Tuple[Any, ...]:
     return (m.group("file"), int(m.group("line")), int(m.group("col") or 0))
 
 
-def _origin_key(o: OriginRecord) -> Tuple[Any, ...]:
+def _origin_key(o: OriginRecord) -> tuple[Any, ...]:
     return (o.op, o.location, _get(o, "primitive"), _get(o, "scope"))
 
 
@@ -75,7 +77,7 @@ def _origin_head(o: OriginRecord) -> str:
 @dataclass
 class ExplainReport(Report):
     signature: str = ""
-    _dumps: Optional[Callable[..., Any]] = field(default=None, repr=False, compare=False)
+    _dumps: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         # guard sites in the order the text lists them (grouped by selection),
@@ -84,48 +86,53 @@ class ExplainReport(Report):
         self.sites = grouped + [s for s in self.sites if s.kind != "guard"]
 
     # -- counts -------------------------------------------------------------------
-    def counts(self) -> Dict[str, Any]:
+    def counts(self) -> dict[str, Any]:
         base = super().counts()
         guards = self.guards
         base["statically_dead"] = sum(1 for s in guards if s.statically_dead)
         base["partial"] = len(guards) - base["statically_dead"]
         base["forward_mode"] = sum(1 for s in guards if _get(s, "mode") == "forward")
-        by_cat: Dict[str, int] = {}
+        by_cat: dict[str, int] = {}
         for s in self.unguarded:
             cat = _get(s, "category") or "other"
             by_cat[cat] = by_cat.get(cat, 0) + 1
         base["unguarded_by_category"] = by_cat
-        scopes: Dict[str, int] = {}
+        scopes: dict[str, int] = {}
         for s in guards:
             scopes[s.scope or "<top>"] = scopes.get(s.scope or "<top>", 0) + 1
         base["guards_by_scope"] = scopes
         return base
 
-    def groups(self) -> List[Tuple[List[OriginRecord], List[SiteRecord]]]:
+    def groups(self) -> list[tuple[list[OriginRecord], list[SiteRecord]]]:
         """Guard sites grouped by the selecting operation(s) that make their
         lanes dead, in program order: one ``where`` typically guards both its
         branches' singular operations."""
-        by_key: Dict[Any, Tuple[List[OriginRecord], List[SiteRecord]]] = {}
+        by_key: dict[Any, tuple[list[OriginRecord], list[SiteRecord]]] = {}
         for s in self.guards:
-            origins = sorted(s.origins, key=lambda o: (_location_key(o.location),
-                                                       _origin_key(o)))
+            origins = sorted(s.origins, key=lambda o: (_location_key(o.location), _origin_key(o)))
             key = tuple(_origin_key(o) for o in origins)
             by_key.setdefault(key, (origins, []))[1].append(s)
         groups = list(by_key.values())
         for _, sites in groups:
-            sites.sort(key=lambda s: (_location_key(s.location),
-                                      _get(s, "mode", "reverse") == "forward"))
-        groups.sort(key=lambda g: (_location_key(g[0][0].location) if g[0] else (("~",),),
-                                   _location_key(g[1][0].location)))
+            sites.sort(
+                key=lambda s: (_location_key(s.location), _get(s, "mode", "reverse") == "forward")
+            )
+        groups.sort(
+            key=lambda g: (
+                _location_key(g[0][0].location) if g[0] else (("~",),),
+                _location_key(g[1][0].location),
+            )
+        )
         return groups
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["signature"] = self.signature
         index = {id(s): i for i, s in enumerate(self.sites)}
-        d["groups"] = [{"origins": [asdict(o) for o in origins],
-                        "sites": [index[id(s)] for s in sites]}
-                       for origins, sites in self.groups()]
+        d["groups"] = [
+            {"origins": [asdict(o) for o in origins], "sites": [index[id(s)] for s in sites]}
+            for origins, sites in self.groups()
+        ]
         return d
 
     # -- text -----------------------------------------------------------------------
@@ -133,11 +140,13 @@ class ExplainReport(Report):
         c = self.counts()
         head = f"hlo_guard explain: {self.function}({self.signature}) [{self.framework}]"
         groups = self.groups()
-        lines = [head,
-                 f"  {c['guards']} guard site(s) behind {len(groups)} selecting "
-                 f"operation(s): {c['partial']} partly dead, "
-                 f"{c['statically_dead']} dead in every lane; "
-                 f"{c['unguarded']} unguarded site(s)"]
+        lines = [
+            head,
+            f"  {c['guards']} guard site(s) behind {len(groups)} selecting "
+            f"operation(s): {c['partial']} partly dead, "
+            f"{c['statically_dead']} dead in every lane; "
+            f"{c['unguarded']} unguarded site(s)",
+        ]
         if not self.sites:
             lines.append("  no lane of any operation is dead: nothing to guard")
         n = 0
@@ -158,14 +167,15 @@ class ExplainReport(Report):
         return "\n".join(lines)
 
     @staticmethod
-    def _site_lines(n: int, s: SiteRecord, grouped: bool = False) -> List[str]:
+    def _site_lines(n: int, s: SiteRecord, grouped: bool = False) -> list[str]:
         scope = f" [in {s.scope}]" if s.scope else ""
         op = s.op or _get(s, "primitive")
         expr = _get(s, "operand_expr")
         if s.kind == "guard" and _get(s, "output", None) is not None:
             what = f" output {s.output}" + (f" (`{expr}`)" if expr else "")
-            lines = [f"GUARD #{n}: {op}{what} at {s.location or '?'}{scope} "
-                     "[forward mode: its tangent]"]
+            lines = [
+                f"GUARD #{n}: {op}{what} at {s.location or '?'}{scope} [forward mode: its tangent]"
+            ]
             if s.statically_dead:
                 lines.append("    every lane is dead: the guard is a plain stop_gradient")
         elif s.kind == "guard":
@@ -175,9 +185,11 @@ class ExplainReport(Report):
                 lines.append("    every lane is dead: the guard is a plain stop_gradient")
         else:
             cat = _get(s, "category")
-            lines = [f"UNGUARDED #{n}: {op} at {s.location or '?'}{scope}"
-                     + (f" ({cat})" if cat else ""),
-                     f"    reason: {s.reason}"]
+            lines = [
+                f"UNGUARDED #{n}: {op} at {s.location or '?'}{scope}"
+                + (f" ({cat})" if cat else ""),
+                f"    reason: {s.reason}",
+            ]
         origins = list(s.origins)
         if grouped:  # the group's header names the selection
             meanings = [o.meaning for o in origins if o.meaning]
@@ -196,8 +208,7 @@ class ExplainReport(Report):
         return lines
 
     # -- dumps --------------------------------------------------------------------------
-    def dumps(self, level: Optional[str] = None, program: str = "forward",
-              show: str = "diff") -> str:
+    def dumps(self, level: str | None = None, program: str = "forward", show: str = "diff") -> str:
         """The program behind this report at ``level`` (``jaxpr``, ``stablehlo``,
         ``hlo``; default ``jaxpr`` for JAX, ``stablehlo`` for TensorFlow) for
         ``program`` (``forward``, ``grad``); ``show`` one of ``original``,

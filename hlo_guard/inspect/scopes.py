@@ -7,11 +7,12 @@ line, to render a body's input by the caller's argument, and to follow a value
 from a guarded operation down to the selection that made its lanes dead, across
 call boundaries.  :class:`ScopeTree` indexes that once per report.
 """
+
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from hlo_guard.jax_frontend.graph import DropVar, Literal
 from hlo_guard.jax_frontend.rules.calls import CALL_BODY_PARAM, body_of
@@ -23,21 +24,21 @@ MAX_FLOW_STEPS = 50_000
 
 @dataclass(frozen=True)
 class Parent:
-    analysis: object   # the parent Analysis
-    node: int          # the call / control-flow equation in the parent
-    k: int             # which body of that equation
+    analysis: object  # the parent Analysis
+    node: int  # the call / control-flow equation in the parent
+    k: int  # which body of that equation
 
 
 class ScopeTree:
     def __init__(self, root):
         self.root = root
-        self._parents: Dict[int, Parent] = {}
-        self._analyses: List[object] = []
-        self._by_graph: Dict[int, object] = {}
+        self._parents: dict[int, Parent] = {}
+        self._analyses: list[object] = []
+        self._by_graph: dict[int, object] = {}
         # forward (tangent) analyses build their own graph objects for call
         # bodies; they are mapped to the backward tree's graph of the same body
-        self._equiv: Dict[int, object] = {}
-        self._forward_by_graph: Dict[int, object] = {}
+        self._equiv: dict[int, object] = {}
+        self._forward_by_graph: dict[int, object] = {}
         stack = [root]
         while stack:
             a = stack.pop()
@@ -71,13 +72,13 @@ class ScopeTree:
         """Every analysis, parents before children, in program order."""
         return iter(self._analyses)
 
-    def parent(self, graph) -> Optional[Parent]:
+    def parent(self, graph) -> Parent | None:
         return self._parents.get(id(graph))
 
     def analysis_of(self, graph):
         return self._by_graph.get(id(graph))
 
-    def call_body_invars(self, graph) -> Optional[Tuple[object, Dict[object, object]]]:
+    def call_body_invars(self, graph) -> tuple[object, dict[object, object]] | None:
         """For the body of a call (``jit``, ``custom_jvp_call`` ...): (parent
         analysis, {body invar -> caller's atom}); None for control flow and the top."""
         p = self.parent(graph)
@@ -90,7 +91,7 @@ class ScopeTree:
         return p.analysis, dict(zip(body.invars, eqn.invars))
 
     # -- locations ----------------------------------------------------------------
-    def location(self, graph, node: int) -> Tuple[str, bool]:
+    def location(self, graph, node: int) -> tuple[str, bool]:
         """(location, inherited): the equation's own user location, or that of
         the nearest enclosing call that has one (``inherited`` is then True)."""
         loc = eqn_location(graph.eqns[node])
@@ -114,7 +115,7 @@ class ScopeTree:
         return str(eqn.params.get("name", "") or "")
 
     # -- following values forward -----------------------------------------------------
-    def operands_reached(self, graph, node: int, target_graph, target_node: int) -> Set[int]:
+    def operands_reached(self, graph, node: int, target_graph, target_node: int) -> set[int]:
         """Which inputs of equation ``target_node`` (in ``target_graph``) the
         outputs of ``node`` (in ``graph``) flow into.
 
@@ -125,9 +126,9 @@ class ScopeTree:
         start = [(graph, v) for v in graph.eqns[node].outvars if not isinstance(v, DropVar)]
         seen = set()
         queue = deque(start)
-        reached: Set[int] = set()
+        reached: set[int] = set()
         steps = 0
-        uses_cache: Dict[int, Dict[object, List[Tuple[int, int]]]] = {}
+        uses_cache: dict[int, dict[object, list[tuple[int, int]]]] = {}
         while queue and steps < MAX_FLOW_STEPS:
             g, var = queue.popleft()
             key = (id(g), var)
@@ -163,8 +164,9 @@ class ScopeTree:
                     p = self.parent(g)
                     if p is not None:
                         peqn = p.analysis.graph.eqns[p.node]
-                        if (peqn.primitive.name in CALL_BODY_PARAM or peqn.primitive.name == "cond") \
-                                and j < len(peqn.outvars):
+                        if (
+                            peqn.primitive.name in CALL_BODY_PARAM or peqn.primitive.name == "cond"
+                        ) and j < len(peqn.outvars):
                             out = peqn.outvars[j]
                             if not isinstance(out, DropVar):
                                 queue.append((p.analysis.graph, out))

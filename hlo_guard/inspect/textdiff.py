@@ -6,11 +6,12 @@ programs marks everything after the first guard as changed.  Here each line is
 compared by a *key* with value names (and HLO metadata) normalised away, and
 the hunks print the real lines: the diff shows exactly the inserted guards.
 """
+
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Callable, List, Sequence
+from collections.abc import Callable, Sequence
 
 JAXPR_KEYWORDS = {"lambda", "let", "in"}
 _WORD = re.compile(r"^([(\[{]*)([a-z]+)([,)\]}]*)$")
@@ -88,8 +89,9 @@ def normalize_hlo(text: str) -> str:
 KEYS = {"jaxpr": jaxpr_key, "stablehlo": stablehlo_key, "hlo": hlo_key}
 
 
-def diff_texts(level: str, original: str, guarded: str, fromfile: str = "original",
-               tofile: str = "guarded") -> str:
+def diff_texts(
+    level: str, original: str, guarded: str, fromfile: str = "original", tofile: str = "guarded"
+) -> str:
     """The name-insensitive diff of two programs at ``level``, provenance dropped
     (HLO metadata and stack frames, StableHLO ``#loc`` definitions)."""
     if level == "hlo":
@@ -101,12 +103,18 @@ def diff_texts(level: str, original: str, guarded: str, fromfile: str = "origina
     return keyed_diff(a, b, KEYS[level], fromfile=fromfile, tofile=tofile)
 
 
-def keyed_diff(a: Sequence[str], b: Sequence[str], key: Callable[[str], str],
-               fromfile: str = "original", tofile: str = "guarded", n: int = 3) -> str:
+def keyed_diff(
+    a: Sequence[str],
+    b: Sequence[str],
+    key: Callable[[str], str],
+    fromfile: str = "original",
+    tofile: str = "guarded",
+    n: int = 3,
+) -> str:
     """A unified diff of ``a`` and ``b`` matched by ``key(line)``, printing real lines."""
     ka, kb = [key(l) for l in a], [key(l) for l in b]
     matcher = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
-    out: List[str] = []
+    out: list[str] = []
     for group in matcher.get_grouped_opcodes(n):
         if not out:
             out += [f"--- {fromfile}", f"+++ {tofile}"]
@@ -123,11 +131,11 @@ def keyed_diff(a: Sequence[str], b: Sequence[str], key: Callable[[str], str],
     return "\n".join(out)
 
 
-def inserted_lines(a: Sequence[str], b: Sequence[str], key: Callable[[str], str]) -> List[int]:
+def inserted_lines(a: Sequence[str], b: Sequence[str], key: Callable[[str], str]) -> list[int]:
     """Indices of lines of ``b`` that have no counterpart in ``a``."""
     ka, kb = [key(l) for l in a], [key(l) for l in b]
     matcher = difflib.SequenceMatcher(None, ka, kb, autojunk=False)
-    result: List[int] = []
+    result: list[int] = []
     for tag, _, _, b1, b2 in matcher.get_opcodes():
         if tag in ("replace", "insert"):
             result.extend(range(b1, b2))

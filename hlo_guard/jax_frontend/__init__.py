@@ -1,4 +1,5 @@
 """The JAX front end: jaxpr in, guarded callable out."""
+
 import os as _os
 
 from jax.extend import source_info_util as _source_info_util

@@ -18,14 +18,15 @@ jits are inlined as JAX does by default (values may then differ by an ulp).
 ``tests/test_api_memory.py`` and ``tests/test_eager_bitwise.py`` check that
 the hooks are active on the installed JAX.
 """
+
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Dict, Optional
+from typing import Any
 
 _local = threading.local()
-_STAGING: Dict[str, Optional[bool]] = {"installed": None}
+_STAGING: dict[str, bool | None] = {"installed": None}
 
 
 def register_with_clear_caches(cache: Any, what: str) -> bool:
@@ -52,6 +53,7 @@ def _jit_staging():
 def current_trace():
     """The trace JAX binds to right now (the jaxpr trace inside make_jaxpr)."""
     from jax._src import core as jcore
+
     return jcore.trace_ctx.trace
 
 
@@ -73,12 +75,13 @@ def _install_staging_rule() -> bool:
 
     def staging_rule(trace, source_info, *args, **params):
         keep = getattr(_local, "traces", ())
-        if params.get("inline") and any(trace is t for t in keep) and \
-                not any(isinstance(c, jcore.Ref) for c in params["jaxpr"].consts) and \
-                not any(getattr(v, "initial_qdd", None)
-                        for v in params["jaxpr"].jaxpr.invars):
-            return trace.default_process_primitive(jit_p, args, params,
-                                                   source_info=source_info)
+        if (
+            params.get("inline")
+            and any(trace is t for t in keep)
+            and not any(isinstance(c, jcore.Ref) for c in params["jaxpr"].consts)
+            and not any(getattr(v, "initial_qdd", None) for v in params["jaxpr"].jaxpr.invars)
+        ):
+            return trace.default_process_primitive(jit_p, args, params, source_info=source_info)
         return original(trace, source_info, *args, **params)
 
     staging_rule.__wrapped__ = original  # type: ignore[attr-defined]
@@ -117,9 +120,14 @@ def attach_debug_info(flat_fn, fn, args, kwargs, static_argnums, static_argnames
     except ImportError:  # pragma: no cover
         return False
     try:
-        dbg = api_util.debug_info("hlo_guard.guard", fn, args, kwargs,
-                                  static_argnums=static_argnums,
-                                  static_argnames=static_argnames)
+        dbg = api_util.debug_info(
+            "hlo_guard.guard",
+            fn,
+            args,
+            kwargs,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+        )
         api_util.save_wrapped_fun_debug_info(flat_fn, dbg)
     except Exception:  # pragma: no cover - names are a courtesy, never a failure
         return False
@@ -143,6 +151,7 @@ def primitive_jvp(prim):
 
     def zero(x):
         import jax
+
         return ad_util.Zero(jax.typeof(x).to_tangent_aval())
 
     return rule, zero, ad_util.Zero

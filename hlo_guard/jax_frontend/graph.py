@@ -4,9 +4,10 @@ Equations are nodes (numbered by position), ``Var`` objects are values.
 ``Literal`` is unhashable in JAX 0.10 and ``DropVar`` subclasses ``Var``, so both
 are mapped to ``None`` here and nowhere else.
 """
+
 from __future__ import annotations
 
-from typing import Dict, Hashable, List, Optional, Tuple
+from collections.abc import Hashable
 
 import jax
 import numpy as np
@@ -33,9 +34,10 @@ def is_inexact_aval(aval) -> bool:
 
 class OriginToken:
     """Names one equation of one jaxpr in reports; hashable by identity of both."""
+
     __slots__ = ("graph", "node")
 
-    def __init__(self, graph: "JaxprGraph", node: int):
+    def __init__(self, graph: JaxprGraph, node: int):
         self.graph = graph
         self.node = node
 
@@ -47,8 +49,9 @@ class OriginToken:
         return hash((id(self.graph), self.node))
 
     def __eq__(self, other):
-        return (isinstance(other, OriginToken) and other.graph is self.graph
-                and other.node == self.node)
+        return (
+            isinstance(other, OriginToken) and other.graph is self.graph and other.node == self.node
+        )
 
     def __repr__(self):
         return f"{self.eqn.primitive.name}#{self.node}"
@@ -64,10 +67,10 @@ class JaxprGraph:
         self.jaxpr = jaxpr
         self.eqns = jaxpr.eqns
         self.scope = scope
-        self._producers: Optional[Dict[Hashable, Tuple[int, int]]] = None
-        self._origins: Dict[int, OriginToken] = {}
+        self._producers: dict[Hashable, tuple[int, int]] | None = None
+        self._origins: dict[int, OriginToken] = {}
         self._constant_inputs = frozenset(constant_inputs)
-        self._constants: Optional[frozenset] = None
+        self._constants: frozenset | None = None
 
     # -- passes.graph.Graph --------------------------------------------------
     def node_count(self) -> int:
@@ -76,16 +79,16 @@ class JaxprGraph:
     def op_name(self, node: int) -> str:
         return self.eqns[node].primitive.name
 
-    def node_inputs(self, node: int) -> List[Optional[Hashable]]:
+    def node_inputs(self, node: int) -> list[Hashable | None]:
         return [None if isinstance(v, Literal) else v for v in self.eqns[node].invars]
 
-    def node_outputs(self, node: int) -> List[Optional[Hashable]]:
+    def node_outputs(self, node: int) -> list[Hashable | None]:
         return [None if isinstance(v, DropVar) else v for v in self.eqns[node].outvars]
 
-    def graph_outputs(self) -> List[Optional[Hashable]]:
+    def graph_outputs(self) -> list[Hashable | None]:
         return [None if isinstance(v, Literal) else v for v in self.jaxpr.outvars]
 
-    def graph_inputs(self) -> List[Optional[Hashable]]:
+    def graph_inputs(self) -> list[Hashable | None]:
         return list(self.jaxpr.invars) + list(self.jaxpr.constvars)
 
     def carries_derivative(self, value) -> bool:
@@ -115,7 +118,7 @@ class JaxprGraph:
         return tok
 
     # -- helpers for the interpreter ------------------------------------------
-    def producer(self, var) -> Optional[Tuple[int, int]]:
+    def producer(self, var) -> tuple[int, int] | None:
         """(node, output index) that defines ``var``; None for invars/constvars."""
         if self._producers is None:
             self._producers = {}

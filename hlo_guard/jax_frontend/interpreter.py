@@ -17,31 +17,31 @@ guarded operation) is computed once on the side, unguarded and
 gradient-stopped.  Effectful equations are never computed on the side: a
 guard whose mask would need one is skipped (conservative) and reported.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax import lax
 from jax.core import eval_jaxpr
-from jax.extend import source_info_util
 from jax.custom_derivatives import SymbolicZero
-
-from passes.analysis import Analysis, analyze_forward
-from passes.lattice import LIVE
-from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
-from passes.rules import BroadcastOperandRule
-from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
+from jax.extend import source_info_util
 
 from hlo_guard.jax_frontend.compat import primitive_jvp
 from hlo_guard.jax_frontend.graph import DropVar, Literal, is_inexact_aval
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
 from hlo_guard.jax_frontend.rules import RULES
-from hlo_guard.jax_frontend.rules.calls import (REWRITTEN_CALLS, body_of,
-                                                 control_bodies, open_jaxpr)
+from hlo_guard.jax_frontend.rules.calls import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
 from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
+from passes.analysis import Analysis, analyze_forward
+from passes.lattice import LIVE
+from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
+from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
+from passes.rules import BroadcastOperandRule
 
 _MISSING = object()
 
@@ -49,8 +49,10 @@ _MISSING = object()
 @contextlib.contextmanager
 def eqn_context(eqn):
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-    with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), \
-            eqn.ctx.manager:
+    with (
+        source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+        eqn.ctx.manager,
+    ):
         yield
 
 
@@ -71,7 +73,8 @@ def stop_if_inexact(x):
 
 # -- per-analysis plan, cached on the analysis ---------------------------------
 
-def sites_by_node(analysis: Analysis) -> Dict[int, List[GuardSite]]:
+
+def sites_by_node(analysis: Analysis) -> dict[int, list[GuardSite]]:
     cached = analysis.notes.get("_sites")
     if cached is None:
         sites, _ = plan_guards(analysis)
@@ -95,7 +98,7 @@ def forward_of(analysis: Analysis):
     return fa
 
 
-def output_sites_by_node(analysis: Analysis) -> Dict[int, List[OutputGuardSite]]:
+def output_sites_by_node(analysis: Analysis) -> dict[int, list[OutputGuardSite]]:
     cached = analysis.notes.get("_out_sites")
     if cached is None:
         cached = {}
@@ -114,8 +117,9 @@ def needs_rewrite(analysis: Analysis) -> bool:
             eqns = analysis.graph.eqns
             for (node, _), sub in analysis.subs.items():
                 name = eqns[node].primitive.name
-                if (name in REWRITTEN_CALLS or name in ("cond", "while", "scan", "shard_map")) \
-                        and needs_rewrite(sub):
+                if (
+                    name in REWRITTEN_CALLS or name in ("cond", "while", "scan", "shard_map")
+                ) and needs_rewrite(sub):
                     cached = True
                     break
         analysis.notes["_needs_rewrite"] = cached
@@ -124,14 +128,23 @@ def needs_rewrite(analysis: Analysis) -> bool:
 
 # -- evaluation ----------------------------------------------------------------
 
+
 class Scope:
     """The guarded (or mask-only) evaluation of one jaxpr."""
 
-    def __init__(self, analysis: Analysis, consts: Sequence[Any], args: Sequence[Any],
-                 out_masks: Sequence[Any], parent: Optional["Scope"] = None,
-                 parent_inputs: Optional[Dict[Any, Any]] = None,
-                 forward=None, in_tmasks: Optional[Sequence[Any]] = None,
-                 mode: str = "gradient", nested: bool = False):
+    def __init__(
+        self,
+        analysis: Analysis,
+        consts: Sequence[Any],
+        args: Sequence[Any],
+        out_masks: Sequence[Any],
+        parent: Scope | None = None,
+        parent_inputs: dict[Any, Any] | None = None,
+        forward=None,
+        in_tmasks: Sequence[Any] | None = None,
+        mode: str = "gradient",
+        nested: bool = False,
+    ):
         self.analysis = analysis
         self.mode = mode
         self.nested = nested
@@ -139,9 +152,9 @@ class Scope:
         self.jaxpr = self.graph.jaxpr
         self.forward = forward
         self._in_tmasks = in_tmasks
-        self._fresolver: Optional[ForwardMaskResolver] = None
-        self.env: Dict[Any, Any] = {}
-        self.shadow: Dict[Any, Any] = {}
+        self._fresolver: ForwardMaskResolver | None = None
+        self.env: dict[Any, Any] = {}
+        self.shadow: dict[Any, Any] = {}
         self.parent = parent
         self.parent_inputs = parent_inputs or {}
         for v, c in zip(self.jaxpr.constvars, consts):
@@ -149,7 +162,7 @@ class Scope:
         for v, a in zip(self.jaxpr.invars, args):
             self.env[v] = a
         self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
-        self.children: Dict[Any, "Scope"] = {}
+        self.children: dict[Any, Scope] = {}
         self.skipped = _SkipLog(analysis.notes.setdefault("_skipped", set()))
 
     # -- values ------------------------------------------------------------------
@@ -183,15 +196,17 @@ class Scope:
             if prod is None:
                 raise ShadowUnavailable(f"no value for {var}")
             eqn = eqns[prod[0]]
-            missing = [v for v in eqn.invars
-                       if not isinstance(v, Literal) and self._known(v) is _MISSING]
+            missing = [
+                v for v in eqn.invars if not isinstance(v, Literal) and self._known(v) is _MISSING
+            ]
             if missing:
                 stack.extend(missing)
                 continue
             if eqn.effects:
                 raise ShadowUnavailable(
                     f"the mask needs the result of effectful '{eqn.primitive.name}', "
-                    "which must run exactly once")
+                    "which must run exactly once"
+                )
             invals = [self._side_input(v) for v in eqn.invars]
             with eqn_context(eqn):
                 outs = bind_eqn(eqn, invals)
@@ -223,8 +238,8 @@ class Scope:
             given = list(self._in_tmasks) if self._in_tmasks is not None else []
             given += [ALL] * (len(inputs) - len(given))
             self._fresolver = ForwardMaskResolver(
-                fa, ALGEBRA, dict(zip(inputs, given)), self._output_tmasks,
-                self.graph.producer)
+                fa, ALGEBRA, dict(zip(inputs, given)), self._output_tmasks, self.graph.producer
+            )
         return self._fresolver.value_mask(var)
 
     def _output_tmasks(self, node, in_masks):
@@ -234,7 +249,7 @@ class Scope:
             return [ALL] * len(eqn.outvars)
         return rule.forward_masks(self, node, eqn, in_masks)
 
-    def child_forward(self, node: int, k: int, in_masks) -> "Scope":
+    def child_forward(self, node: int, k: int, in_masks) -> Scope:
         """A mask-only scope over call ``node``'s body for tangent masks."""
         key = ("fwd", node, k, tuple(id(m) for m in in_masks))
         child = self.children.get(key)
@@ -246,10 +261,18 @@ class Scope:
             sub = self.analysis.subs.get((node, k))
             if sub is None:
                 from passes.analysis import analyze
+
                 sub = analyze(sub_fa.graph, RULES, [LIVE] * len(body.outvars))
-            child = Scope(sub, consts, [], [ALL] * len(body.outvars), parent=self,
-                          parent_inputs=dict(zip(body.invars, eqn.invars)),
-                          forward=sub_fa, in_tmasks=list(in_masks))
+            child = Scope(
+                sub,
+                consts,
+                [],
+                [ALL] * len(body.outvars),
+                parent=self,
+                parent_inputs=dict(zip(body.invars, eqn.invars)),
+                forward=sub_fa,
+                in_tmasks=list(in_masks),
+            )
             self.children[key] = child
         return child
 
@@ -267,7 +290,7 @@ class Scope:
             return lax.stop_gradient(y)
         return lax.select(to_guard_mask(mask, np.shape(y)), y, lax.stop_gradient(y))
 
-    def child_masks(self, node: int, k: int, out_masks) -> "Scope":
+    def child_masks(self, node: int, k: int, out_masks) -> Scope:
         """A mask-only scope over the body of call ``node``, reading its inputs
         from this scope's values (used to push masks through a call)."""
         key = (node, k, tuple(id(m) for m in out_masks))
@@ -276,8 +299,14 @@ class Scope:
             eqn = self.graph.eqns[node]
             body, consts = body_of(eqn)
             sub = self.analysis.subs[(node, k)]
-            child = Scope(sub, consts, [], out_masks, parent=self,
-                          parent_inputs=dict(zip(body.invars, eqn.invars)))
+            child = Scope(
+                sub,
+                consts,
+                [],
+                out_masks,
+                parent=self,
+                parent_inputs=dict(zip(body.invars, eqn.invars)),
+            )
             self.children[key] = child
         return child
 
@@ -313,8 +342,7 @@ class Scope:
         opaque in value mode: yes unless the call's outputs are themselves
         value-transparent here.  (``scan``/``while`` bodies always are: their
         carries feed back.)"""
-        return self.mode != "value" or not value_substitutable(self.analysis, node,
-                                                                  self.nested)
+        return self.mode != "value" or not value_substitutable(self.analysis, node, self.nested)
 
     def _substitute(self, node: int, site: GuardSite, x, safe):
         """``select(mask, x, safe)``: dead lanes hold a point where the primitive
@@ -337,8 +365,9 @@ class Scope:
         if len(eqn.outvars) != 1:
             return False
         rule = RULES.get(eqn.primitive.name)
-        return isinstance(rule, BroadcastOperandRule) and \
-            tuple(np.shape(x)) != tuple(eqn.outvars[0].aval.shape)
+        return isinstance(rule, BroadcastOperandRule) and tuple(np.shape(x)) != tuple(
+            eqn.outvars[0].aval.shape
+        )
 
     def broadcast_masks(self, node, eqn, sites, invals):
         """Full-shape masks of the operands the op broadcasts implicitly.
@@ -355,10 +384,13 @@ class Scope:
             if site.statically_dead or not self._implicitly_broadcast(eqn, invals[site.index]):
                 continue
             try:
-                outs = [self.resolver.value_mask(None if isinstance(v, DropVar) else v)
-                        for v in eqn.outvars]
+                outs = [
+                    self.resolver.value_mask(None if isinstance(v, DropVar) else v)
+                    for v in eqn.outvars
+                ]
                 mask = RULES.get(eqn.primitive.name).broadcast_operand_mask(
-                    self, node, eqn, site.index, outs)
+                    self, node, eqn, site.index, outs
+                )
             except ShadowUnavailable as exc:
                 self.skipped.append((node, site.index, str(exc)))
                 continue
@@ -366,7 +398,7 @@ class Scope:
                 found[site.index] = mask
         return found
 
-    def run(self) -> List[Any]:
+    def run(self) -> list[Any]:
         sites = sites_by_node(self.analysis)
         out_sites = output_sites_by_node(self.analysis)
         env = self.env
@@ -472,6 +504,7 @@ def bind_with_broadcast_guards(eqn, invals, masks):
             for i, x in zip(live, xs):
                 args[i] = x
             return apply(*args)
+
         return jax.jvp(of_live, [vals[i] for i in live], live_tans)
 
     op.defjvp(op_jvp, symbolic_zeros=True)
@@ -521,8 +554,9 @@ def _n_bodies(eqn):
     return len(control_bodies(eqn))
 
 
-def run_guarded(analysis: Analysis, consts, args, out_masks=None, mode: str = "gradient",
-                nested: bool = False):
+def run_guarded(
+    analysis: Analysis, consts, args, out_masks=None, mode: str = "gradient", nested: bool = False
+):
     """Evaluate ``analysis``'s jaxpr with guards.  ``mode="value"`` substitutes
     safe points in value-dead lanes where it can (:mod:`value_mode`);
     ``nested``: a call or control-flow body, whose outputs feed a caller."""
@@ -533,14 +567,18 @@ def run_guarded(analysis: Analysis, consts, args, out_masks=None, mode: str = "g
 
 # -- re-binding calls and control flow with guarded bodies ------------------------
 
-def _guarded_body(sub: Analysis, consts, n_args: int, fixed, mode: str = "gradient",
-                  nested: bool = True):
+
+def _guarded_body(
+    sub: Analysis, consts, n_args: int, fixed, mode: str = "gradient", nested: bool = True
+):
     """A function (*args, *passed_masks) -> outputs evaluating ``sub`` guarded."""
+
     def body(*args_and_masks):
         args = args_and_masks[:n_args]
         passed = iter(args_and_masks[n_args:])
         out_masks = [next(passed) if f is None else f for f in fixed]
         return run_guarded(sub, consts, args, out_masks, mode=mode, nested=nested)
+
     return body
 
 
@@ -555,8 +593,11 @@ def _bind_call(scope: Scope, node, eqn, invals):
         inner = _guarded_body(sub, consts, len(invals), fixed, scope.mode, nested)
         name = eqn.primitive.name
         if name == "remat2":
-            fn = jax.checkpoint(inner, prevent_cse=eqn.params.get("prevent_cse", True),
-                                policy=eqn.params.get("policy"))
+            fn = jax.checkpoint(
+                inner,
+                prevent_cse=eqn.params.get("prevent_cse", True),
+                policy=eqn.params.get("policy"),
+            )
         else:
             inner.__name__ = inner.__qualname__ = str(eqn.params.get("name", "guarded_call"))
             if name == "jit":
@@ -570,6 +611,7 @@ def _bind_call(scope: Scope, node, eqn, invals):
 def _run_body(sub, consts):
     def fn(*args):
         return run_guarded(sub, consts, args)
+
     return fn
 
 
@@ -580,8 +622,16 @@ def _bind_cond(scope: Scope, node, eqn, invals):
     fns = []
     for k, br in enumerate(branches):
         body, consts = open_jaxpr(br)
-        fns.append(_guarded_body(scope.analysis.subs[(node, k)], consts, len(ops), fixed,
-                                 scope.mode, scope.body_nested(node)))
+        fns.append(
+            _guarded_body(
+                scope.analysis.subs[(node, k)],
+                consts,
+                len(ops),
+                fixed,
+                scope.mode,
+                scope.body_nested(node),
+            )
+        )
     return list(lax.switch(index, fns, *ops, *passed))
 
 
@@ -590,15 +640,16 @@ def _bind_while(scope: Scope, node, eqn, invals):
     cond_jaxpr, cond_consts_closed = open_jaxpr(p["cond_jaxpr"])
     body_jaxpr, body_consts_closed = open_jaxpr(p["body_jaxpr"])
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, init = invals[:nc], invals[nc:nc + nb], invals[nc + nb:]
+    cconsts, bconsts, init = invals[:nc], invals[nc : nc + nb], invals[nc + nb :]
     sub = scope.analysis.subs[(node, 0)]
 
     def cond_fun(carry):
         return eval_jaxpr(cond_jaxpr, cond_consts_closed, *cconsts, *carry)[0]
 
     def body_fun(carry):
-        return run_guarded(sub, body_consts_closed, [*bconsts, *carry], mode=scope.mode,
-                           nested=True)
+        return run_guarded(
+            sub, body_consts_closed, [*bconsts, *carry], mode=scope.mode, nested=True
+        )
 
     return list(lax.while_loop(cond_fun, body_fun, list(init)))
 
@@ -607,8 +658,11 @@ def _bind_scan(scope: Scope, node, eqn, invals):
     p = eqn.params
     body_jaxpr, body_consts = open_jaxpr(p["jaxpr"])
     nconsts, ncarry = p["num_consts"], p["num_carry"]
-    consts, init, xs = invals[:nconsts], invals[nconsts:nconsts + ncarry], \
-        invals[nconsts + ncarry:]
+    consts, init, xs = (
+        invals[:nconsts],
+        invals[nconsts : nconsts + ncarry],
+        invals[nconsts + ncarry :],
+    )
     sub = scope.analysis.subs[(node, 0)]
     passed, fixed = scope.output_masks_for(node, sub)  # masks of the stacked ys
 
@@ -616,12 +670,19 @@ def _bind_scan(scope: Scope, node, eqn, invals):
         x, masks = x_and_masks
         masks = iter(masks)
         out_masks = [next(masks) if f is None else f for f in fixed]
-        outs = run_guarded(sub, body_consts, [*consts, *carry, *x], out_masks,
-                           mode=scope.mode, nested=True)
+        outs = run_guarded(
+            sub, body_consts, [*consts, *carry, *x], out_masks, mode=scope.mode, nested=True
+        )
         return outs[:ncarry], outs[ncarry:]
 
-    carry, ys = lax.scan(body, list(init), (list(xs), list(passed)), length=p["length"],
-                         reverse=p["reverse"], unroll=p["unroll"])
+    carry, ys = lax.scan(
+        body,
+        list(init),
+        (list(xs), list(passed)),
+        length=p["length"],
+        reverse=p["reverse"],
+        unroll=p["unroll"],
+    )
     return list(carry) + list(ys)
 
 
@@ -633,15 +694,24 @@ def _bind_shard_map(scope: Scope, node, eqn, invals):
     def fn(*args):
         return tuple(run_guarded(sub, consts, args, mode=scope.mode, nested=True))
 
-    mapped = jax.shard_map(fn, mesh=p["mesh"], in_specs=tuple(p["in_specs"]),
-                           out_specs=tuple(p["out_specs"]), check_vma=p.get("check_vma", True),
-                           axis_names=set(p.get("newly_manual_axes", ())) or None)
+    mapped = jax.shard_map(
+        fn,
+        mesh=p["mesh"],
+        in_specs=tuple(p["in_specs"]),
+        out_specs=tuple(p["out_specs"]),
+        check_vma=p.get("check_vma", True),
+        axis_names=set(p.get("newly_manual_axes", ())) or None,
+    )
     return list(mapped(*invals))
 
 
 BINDERS = {
-    "jit": _bind_call, "closed_call": _bind_call, "remat2": _bind_call,
-    "cond": _bind_cond, "while": _bind_while, "scan": _bind_scan,
+    "jit": _bind_call,
+    "closed_call": _bind_call,
+    "remat2": _bind_call,
+    "cond": _bind_cond,
+    "while": _bind_while,
+    "scan": _bind_scan,
     "shard_map": _bind_shard_map,
 }
 

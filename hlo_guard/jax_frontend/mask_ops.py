@@ -6,13 +6,15 @@ traced) or a jax bool array, always of the masked value's exact shape.
 Operations stay in numpy while every operand is numpy, so static masks are
 folded at trace time and never appear in the traced program.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
-from jax import lax
 import numpy as np
+from jax import lax
 
 from passes.masks import ALL, NONE, MaskAlgebra
 
@@ -79,8 +81,13 @@ class _LaxOps:
     @staticmethod
     def any(a, axis=None, keepdims=False):
         shape = np.shape(a)
-        axes = tuple(range(len(shape))) if axis is None else \
-            tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        axes = (
+            tuple(range(len(shape)))
+            if axis is None
+            else tuple(axis)
+            if isinstance(axis, (tuple, list))
+            else (axis,)
+        )
         out = lax.reduce_or(a, axes) if axes else a
         if keepdims:
             out = lax.reshape(out, tuple(1 if d in axes else n for d, n in enumerate(shape)))

@@ -9,10 +9,12 @@ caller's own parameters, counts once; arrays computed while tracing are new in
 every trace) -- and ``jax.clear_caches()`` empties it (as it empties JAX's
 own jit caches).  The most recent trace is always kept.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Hashable, NamedTuple, Optional, Tuple
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.compat import register_with_clear_caches
@@ -26,10 +28,10 @@ DEFAULT_CACHE_BYTES = 512 * 2**20
 _WEIGH_FROM = 4096
 
 
-def arrays_held(closed_jaxpr) -> Dict[int, Tuple[Any, int]]:
+def arrays_held(closed_jaxpr) -> dict[int, tuple[Any, int]]:
     """{id: (array, nbytes)} of the arrays a closed jaxpr keeps alive: its
     constants and those of every nested closed jaxpr, and large literals."""
-    found: Dict[int, Tuple[Any, int]] = {}
+    found: dict[int, tuple[Any, int]] = {}
     seen = set()
 
     def add(x):
@@ -39,7 +41,7 @@ def arrays_held(closed_jaxpr) -> Dict[int, Tuple[Any, int]]:
 
     def walk_params(params):
         for p in params.values():
-            for q in (p if isinstance(p, (tuple, list)) else (p,)):
+            for q in p if isinstance(p, (tuple, list)) else (p,):
                 if hasattr(q, "consts") and hasattr(q, "jaxpr"):
                     walk_closed(q)
                 elif hasattr(q, "eqns") and hasattr(q, "invars"):
@@ -74,25 +76,32 @@ class CacheInfo(NamedTuple):
 class TraceCache:
     """``functools.lru_cache``-like: ``get``/``put``, ``cache_info()``, ``cache_clear()``."""
 
-    def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE, what: str = "hlo_guard trace cache",
-                 max_bytes: Optional[int] = DEFAULT_CACHE_BYTES,
-                 weigh: Optional[Callable[[Any], Dict[int, Tuple[Any, int]]]] = None):
+    def __init__(
+        self,
+        maxsize: int = DEFAULT_CACHE_SIZE,
+        what: str = "hlo_guard trace cache",
+        max_bytes: int | None = DEFAULT_CACHE_BYTES,
+        weigh: Callable[[Any], dict[int, tuple[Any, int]]] | None = None,
+    ):
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
             raise GuardUsageError(
-                f"cache_size must be a non-negative int (0 disables the cache), got {maxsize!r}")
-        if max_bytes is not None and (isinstance(max_bytes, bool)
-                                      or not isinstance(max_bytes, int) or max_bytes < 0):
+                f"cache_size must be a non-negative int (0 disables the cache), got {maxsize!r}"
+            )
+        if max_bytes is not None and (
+            isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+        ):
             raise GuardUsageError(
-                f"cache_bytes must be a non-negative int or None, got {max_bytes!r}")
+                f"cache_bytes must be a non-negative int or None, got {max_bytes!r}"
+            )
         self.maxsize = maxsize
         self.max_bytes = max_bytes
         self._weigh = weigh
-        self._weights: Dict[Hashable, Dict[int, Tuple[Any, int]]] = {}
-        self._entries: "OrderedDict[Hashable, Any]" = OrderedDict()
+        self._weights: dict[Hashable, dict[int, tuple[Any, int]]] = {}
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
         self.hits = self.misses = 0
         self.clears_with_jax = register_with_clear_caches(self, what)
 
-    def get(self, key: Hashable) -> Optional[Any]:
+    def get(self, key: Hashable) -> Any | None:
         value = self._entries.get(key)
         if value is None:
             self.misses += 1
@@ -115,12 +124,16 @@ class TraceCache:
     def _over(self) -> bool:
         if len(self._entries) > self.maxsize:
             return True
-        return (self._weigh is not None and self.max_bytes is not None
-                and len(self._entries) > 1 and self.nbytes() > self.max_bytes)
+        return (
+            self._weigh is not None
+            and self.max_bytes is not None
+            and len(self._entries) > 1
+            and self.nbytes() > self.max_bytes
+        )
 
     def nbytes(self) -> int:
         """Bytes of the arrays the kept traces hold, each array counted once."""
-        distinct: Dict[int, int] = {}
+        distinct: dict[int, int] = {}
         for held in self._weights.values():
             for i, (_, n) in held.items():
                 distinct[i] = n

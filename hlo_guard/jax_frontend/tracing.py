@@ -5,22 +5,23 @@ dtype and weak type of every leaf, the static arguments' values and the x64
 flag.  Eager calls with the same signature reuse the jaxpr and its analysis:
 ``guard(f)(x)`` never re-traces ``f``.
 """
+
 from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any
 
 import jax
 import numpy as np
-
-from passes.analysis import Analysis, analyze
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.compat import attach_debug_info, keep_inline_jits_of_current_trace
 from hlo_guard.jax_frontend.graph import JaxprGraph
 from hlo_guard.jax_frontend.rules import RULES
+from passes.analysis import Analysis, analyze
 
 
 @dataclass
@@ -31,7 +32,9 @@ class TracedProgram:
     out_tree: Any
 
 
-def normalize_static(fn, static_argnums, static_argnames) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
+def normalize_static(
+    fn, static_argnums, static_argnames
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Resolve static positions and names against each other, as ``jax.jit`` does."""
     if static_argnums is None:
         static_argnums = ()
@@ -47,7 +50,8 @@ def normalize_static(fn, static_argnums, static_argnames) -> Tuple[Tuple[int, ..
     except TypeError:
         raise GuardUsageError(
             "static_argnums must be an int or a sequence of ints and static_argnames a str "
-            f"or a sequence of str; got {static_argnums!r} and {static_argnames!r}") from None
+            f"or a sequence of str; got {static_argnums!r} and {static_argnames!r}"
+        ) from None
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in nums):
         raise GuardUsageError(f"static_argnums must contain ints, got {static_argnums!r}")
     if not all(isinstance(n, str) for n in names):
@@ -56,23 +60,28 @@ def normalize_static(fn, static_argnums, static_argnames) -> Tuple[Tuple[int, ..
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return nums, names
-    positional = [p.name for p in params
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
     has_varkw = any(p.kind is p.VAR_KEYWORD for p in params)
     for i in nums:
         if not has_varargs and not (-len(positional) <= i < len(positional)):
             raise GuardUsageError(
                 f"static_argnums contains {i}, but {getattr(fn, '__name__', fn)} takes "
-                f"{len(positional)} positional argument(s)")
+                f"{len(positional)} positional argument(s)"
+            )
     known = {p.name for p in params}
     for n in names:
         if n not in known and not has_varkw:
             raise GuardUsageError(
                 f"static_argnames contains {n!r}, which is not a parameter of "
-                f"{getattr(fn, '__name__', fn)}")
-    nums = tuple(sorted({i % len(positional) if (i < 0 and positional) else i for i in nums}
-                        | {positional.index(n) for n in names if n in positional}))
+                f"{getattr(fn, '__name__', fn)}"
+            )
+    nums = tuple(
+        sorted(
+            {i % len(positional) if (i < 0 and positional) else i for i in nums}
+            | {positional.index(n) for n in names if n in positional}
+        )
+    )
     names = tuple(sorted(set(names) | {positional[i] for i in nums if i < len(positional)}))
     return nums, names
 
@@ -96,7 +105,8 @@ def split_arguments(args, kwargs, static_argnums, static_argnames):
     except TypeError:
         raise GuardUsageError(
             "static arguments must be hashable (they key the trace cache); got "
-            f"{[type(v).__name__ for _, v in static_pos + static_kw]}") from None
+            f"{[type(v).__name__ for _, v in static_pos + static_kw]}"
+        ) from None
     return (tuple(dyn_args), dyn_kwargs), static
 
 
@@ -118,7 +128,8 @@ def leaf_aval(x, path: str):
         if x.dtype.kind not in "biufcV" or x.dtype == object:
             raise GuardUsageError(
                 f"{path} has dtype {x.dtype}, which JAX cannot trace; "
-                "pass numeric arrays (or mark the argument static)")
+                "pass numeric arrays (or mark the argument static)"
+            )
         return jax.typeof(x)
     if isinstance(x, (bool, int, float, complex)):
         return jax.typeof(x)
@@ -126,7 +137,8 @@ def leaf_aval(x, path: str):
         f"{path} is a {type(x).__name__}, not an array, a number or a pytree of them; "
         "pass arrays, register its class as a pytree (jax.tree_util.register_dataclass) "
         "so that its arrays are traced, or mark it static with static_argnums/"
-        "static_argnames (hashable; its contents are then baked into the trace)")
+        "static_argnames (hashable; its contents are then baked into the trace)"
+    )
 
 
 def function_label(fn) -> str:
@@ -136,17 +148,16 @@ def function_label(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def positional_names(fn) -> Tuple[str, ...]:
+def positional_names(fn) -> tuple[str, ...]:
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return ()
-    return tuple(p.name for p in params
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def describe_path(path, fn=None, dyn_positions: Sequence[int] = ()) -> str:
-    """"argument 'params' of f at ['w']" / "keyword argument 'scale' of f" for a
+    """ "argument 'params' of f at ['w']" / "keyword argument 'scale' of f" for a
     leaf of the (dynamic args, dynamic kwargs) pytree: the user's parameter
     names where the signature gives them, positions otherwise."""
     keystr = jax.tree_util.keystr
@@ -156,13 +167,11 @@ def describe_path(path, fn=None, dyn_positions: Sequence[int] = ()) -> str:
         k = path[1].idx
         pos = dyn_positions[k] if k < len(dyn_positions) else k
         names = positional_names(fn) if fn is not None else ()
-        head = (f"argument {names[pos]!r}" if pos < len(names)
-                else f"positional argument {pos}")
+        head = f"argument {names[pos]!r}" if pos < len(names) else f"positional argument {pos}"
         return head + of + (f" at {rest}" if rest else "")
     if len(path) >= 2:
         rest = keystr(tuple(path[2:]))
-        return (f"keyword argument {keystr((path[1],))[1:-1]}" + of
-                + (f" at {rest}" if rest else ""))
+        return f"keyword argument {keystr((path[1],))[1:-1]}" + of + (f" at {rest}" if rest else "")
     return keystr(path)
 
 
@@ -171,12 +180,24 @@ def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(dyn)
     leaves = [leaf for _, leaf in leaves_with_paths]
     dyn_positions = [i for i in range(len(args)) if i not in static_argnums]
-    avals = tuple(leaf_aval(leaf, describe_path(path, fn, dyn_positions))
-                  for path, leaf in leaves_with_paths)
-    key = (treedef, tuple((a.shape, a.dtype, getattr(a, "weak_type", False),
-                           str(getattr(a, "sharding", "")),
-                           str(getattr(a, "manual_axis_type", ""))) for a in avals),
-           static, bool(jax.config.jax_enable_x64))
+    avals = tuple(
+        leaf_aval(leaf, describe_path(path, fn, dyn_positions)) for path, leaf in leaves_with_paths
+    )
+    key = (
+        treedef,
+        tuple(
+            (
+                a.shape,
+                a.dtype,
+                getattr(a, "weak_type", False),
+                str(getattr(a, "sharding", "")),
+                str(getattr(a, "manual_axis_type", "")),
+            )
+            for a in avals
+        ),
+        static,
+        bool(jax.config.jax_enable_x64),
+    )
     return key, leaves, avals, treedef, static
 
 
@@ -191,20 +212,26 @@ def spec_of(aval):
         return aval  # make_jaxpr takes the ShapedArray, varying axes included
     sharding = getattr(aval, "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None or getattr(mesh, "empty", True) or not getattr(sharding, "spec", None) \
-            or all(p is None for p in sharding.spec):
+    if (
+        mesh is None
+        or getattr(mesh, "empty", True)
+        or not getattr(sharding, "spec", None)
+        or all(p is None for p in sharding.spec)
+    ):
         sharding = None
     try:
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
-                                    weak_type=getattr(aval, "weak_type", False),
-                                    sharding=sharding)
+        return jax.ShapeDtypeStruct(
+            aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False), sharding=sharding
+        )
     except (TypeError, ValueError):
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
-                                    weak_type=getattr(aval, "weak_type", False))
+        return jax.ShapeDtypeStruct(
+            aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False)
+        )
 
 
-def trace(fn, avals, treedef, static, n_args, static_argnums=(), static_argnames=()) \
-        -> TracedProgram:
+def trace(
+    fn, avals, treedef, static, n_args, static_argnums=(), static_argnames=()
+) -> TracedProgram:
     """``fn``'s jaxpr at these argument types, and its analysis.
 
     ``jit(inline=True)`` calls made directly by ``fn`` (``jnp.mean``, every
@@ -224,13 +251,18 @@ def trace(fn, avals, treedef, static, n_args, static_argnums=(), static_argnames
 
     specs = [spec_of(a) for a in avals]
     example_args, example_kwargs = merge_arguments(
-        jax.tree_util.tree_unflatten(treedef, specs), static, n_args)
-    attach_debug_info(flat_fn, fn, example_args, example_kwargs,
-                      tuple(static_argnums), tuple(static_argnames))
+        jax.tree_util.tree_unflatten(treedef, specs), static, n_args
+    )
+    attach_debug_info(
+        flat_fn, fn, example_args, example_kwargs, tuple(static_argnums), tuple(static_argnames)
+    )
     closed = jax.make_jaxpr(flat_fn)(*specs)
     # Closed-over arrays are constants (no derivative, never guarded) -- unless
     # they are tracers of an enclosing transformation, which do carry one.
-    constant = [v for v, c in zip(closed.jaxpr.constvars, closed.consts)
-                if not isinstance(c, jax.core.Tracer)]
+    constant = [
+        v
+        for v, c in zip(closed.jaxpr.constvars, closed.consts)
+        if not isinstance(c, jax.core.Tracer)
+    ]
     analysis = analyze(JaxprGraph(closed.jaxpr, constant_inputs=constant), RULES)
     return TracedProgram(closed, analysis, treedef, out_tree_box[-1])

@@ -19,9 +19,8 @@ the gradient guard.  The check is structural and conservative: only the
 primitives in ``VALUE_TRANSPARENT`` (whose gradient masks are exactly their
 value masks) and ``jit`` bodies are walked through; anything else stops it.
 """
-from __future__ import annotations
 
-from typing import Dict, Tuple
+from __future__ import annotations
 
 from hlo_guard.jax_frontend.graph import DropVar, Literal
 from hlo_guard.jax_frontend.rules.elementwise import LINEAR_ELEMENTWISE, NONLINEAR_ELEMENTWISE
@@ -32,16 +31,41 @@ MODES = ("gradient", "value")
 # nonlinear elementwise primitive): a value where the primitive and its
 # first and second derivatives are finite.
 _SAFE_POINTS = {
-    "acos": 0.0, "asin": 0.0, "atanh": 0.0, "erf_inv": 0.0, "tan": 0.0,
-    "acosh": 2.0, "exp": 0.0, "exp2": 0.0, "expm1": 0.0, "sinh": 0.0, "cosh": 0.0,
+    "acos": 0.0,
+    "asin": 0.0,
+    "atanh": 0.0,
+    "erf_inv": 0.0,
+    "tan": 0.0,
+    "acosh": 2.0,
+    "exp": 0.0,
+    "exp2": 0.0,
+    "expm1": 0.0,
+    "sinh": 0.0,
+    "cosh": 0.0,
 }
 
 # Whose gradient mask is exactly "this lane's value reaches a live output".
-VALUE_TRANSPARENT = frozenset(LINEAR_ELEMENTWISE) | frozenset(NONLINEAR_ELEMENTWISE) | {
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "rev",
-    "concatenate", "reduce_sum", "cumsum", "tile", "stack", "slice", "dynamic_slice",
-    "gather", "pad",
-}
+VALUE_TRANSPARENT = (
+    frozenset(LINEAR_ELEMENTWISE)
+    | frozenset(NONLINEAR_ELEMENTWISE)
+    | {
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "transpose",
+        "rev",
+        "concatenate",
+        "reduce_sum",
+        "cumsum",
+        "tile",
+        "stack",
+        "slice",
+        "dynamic_slice",
+        "gather",
+        "pad",
+    }
+)
 _CALLS = ("jit", "pjit", "closed_call", "core_call")
 
 
@@ -65,11 +89,14 @@ def value_substitutable(analysis, node: int, nested: bool) -> bool:
 
     ``nested``: the graph is a call body whose outputs' masks come from a
     caller we cannot see; reaching such an output is not allowed."""
-    memo: Dict[Tuple[int, int], bool] = analysis.notes.setdefault("_value_memo", {})
+    memo: dict[tuple[int, int], bool] = analysis.notes.setdefault("_value_memo", {})
     key = (node, int(nested))
     if key not in memo:
-        memo[key] = all(_value_flows_ok(analysis, v, nested)
-                        for v in analysis.graph.node_outputs(node) if v is not None)
+        memo[key] = all(
+            _value_flows_ok(analysis, v, nested)
+            for v in analysis.graph.node_outputs(node)
+            if v is not None
+        )
     return memo[key]
 
 

@@ -12,16 +12,16 @@ jit_compile=True, ...)``: it returns TF's own ``tf.function`` object
 (``get_concrete_function``, ``experimental_get_compiler_ir`` as usual), with
 the guard reachable as its ``hlo_guard`` attribute.
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Dict, Optional
+from collections.abc import Callable
 
 import tensorflow as tf
 
-from hlo_guard.tf import compat
-
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.tf import compat
 from hlo_guard.tf.rewrite import BuildRecord, build_guarded
 from hlo_guard.tf.tracing import trace, unsupported_reason
 
@@ -45,11 +45,12 @@ class GuardedTFFunction:
         self.python_function = _python_function(fn)
         # the user's function as a tf.function, used only to trace it
         self._tracer = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
-        self._records: Dict[str, BuildRecord] = {}
-        self.last_record: Optional[BuildRecord] = None
+        self._records: dict[str, BuildRecord] = {}
+        self.last_record: BuildRecord | None = None
 
         def wrapper(*args, **kwargs):
             return self._build(args, kwargs)
+
         _copy_signature(wrapper, self.python_function)
 
         self.wrapper = tf.function(wrapper, input_signature=input_signature, autograph=False)
@@ -98,7 +99,8 @@ class GuardedTFFunction:
         if len(flat_args) != len(traced.arg_names):
             raise GuardUsageError(
                 f"cannot match the {len(flat_args)} tensor argument(s) to the "
-                f"{len(traced.arg_names)} inputs of the traced function")
+                f"{len(traced.arg_names)} inputs of the traced function"
+            )
         outputs, record = build_guarded(traced, flat_args)
         graph = tf.compat.v1.get_default_graph()
         self._records[graph.name] = record
@@ -123,6 +125,7 @@ class GuardedTFFunction:
         cache = getattr(obj, "__dict__", None)
         if cache is None or not hasattr(self.fn, "__get__"):  # bind by hand, unsaveable
             import functools
+
             return functools.partial(self, obj)
         key = f"_hlo_guard_bound_{id(self)}"
         bound = cache.get(key)
@@ -147,6 +150,7 @@ class GuardedTFFunction:
     def report(self, *args, **kwargs):
         """A :class:`passes.report.Report` of the guards for these arguments."""
         from hlo_guard.tf.report import report
+
         return report(self, *args, **kwargs)
 
     explain = report
@@ -175,7 +179,7 @@ def _pack_outputs(structure, flat_outputs):
     return tf.nest.pack_sequence_as(structure, new, expand_composites=True)
 
 
-def guard(fn: Optional[Callable] = None, input_signature=None):
+def guard(fn: Callable | None = None, input_signature=None):
     """Return ``fn`` with gradient guards (usable as ``@guard``, ``guard(f)`` or
     ``@guard(input_signature=[...])``)."""
     if fn is None:
@@ -183,30 +187,33 @@ def guard(fn: Optional[Callable] = None, input_signature=None):
     return GuardedTFFunction(fn, input_signature)
 
 
-def guarded_function(fn: Optional[Callable] = None, *, jit_compile=True, input_signature=None,
-                     **tf_function_kwargs):
+def guarded_function(
+    fn: Callable | None = None, *, jit_compile=True, input_signature=None, **tf_function_kwargs
+):
     """``tf.function(guard(fn), jit_compile=jit_compile, ...)``.
 
     Returns TF's own ``tf.function`` object; ``.hlo_guard`` is the guard (for
     ``report``).  Accepts every ``tf.function`` keyword.
     """
     if fn is None:
-        return lambda f: guarded_function(f, jit_compile=jit_compile,
-                                          input_signature=input_signature,
-                                          **tf_function_kwargs)
+        return lambda f: guarded_function(
+            f, jit_compile=jit_compile, input_signature=input_signature, **tf_function_kwargs
+        )
     _check_callable(fn, "hlo_guard.tf.guarded_function")
     known = set(inspect.signature(tf.function).parameters)
     unknown = sorted(set(tf_function_kwargs) - known)
     if unknown:
         raise GuardUsageError(
             f"guarded_function got unexpected keyword argument(s) {unknown}; "
-            f"tf.function accepts {sorted(known - {'func'})}")
+            f"tf.function accepts {sorted(known - {'func'})}"
+        )
     # the signature is the outer tf.function's: it also knows, used as a method
     # decorator, that it describes the arguments after ``self``
     guarded = GuardedTFFunction(fn, None)
 
     def call(*args, **kwargs):
         return guarded.wrapper(*args, **kwargs)
+
     _copy_signature(call, guarded.python_function)
     # tf.function copies it onto the Function it binds to an instance (methods)
     call.hlo_guard = guarded
@@ -216,7 +223,8 @@ def guarded_function(fn: Optional[Callable] = None, *, jit_compile=True, input_s
     # ``<lambda>``), logging a warning; the user's own function is converted
     # when the guard traces it
     tf_function_kwargs.setdefault("autograph", False)
-    outer = tf.function(call, jit_compile=jit_compile, input_signature=input_signature,
-                        **tf_function_kwargs)
+    outer = tf.function(
+        call, jit_compile=jit_compile, input_signature=input_signature, **tf_function_kwargs
+    )
     outer.hlo_guard = guarded
     return outer

@@ -5,9 +5,10 @@ it is for and why the public API does not do.  Every other module uses only
 ``tf.*`` (``tests/test_module_structure.py`` checks that no module but this
 one and ``hlo_guard.jax_frontend.compat`` imports a private framework module).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -21,6 +22,7 @@ def variable_accessed(var) -> None:
     notifies the tapes with this very call; there is no public equivalent
     (``tape.watch`` only reaches the tapes the caller holds)."""
     from tensorflow.python.eager import tape as tape_lib
+
     tape_lib.variable_accessed(var)
 
 
@@ -29,6 +31,7 @@ def function_def_to_graph(fdef, input_shapes=None):
     so that the analysis can look inside control flow; TF exposes no public
     way to rebuild a graph from a function definition."""
     from tensorflow.python.framework import function_def_to_graph as fdtg
+
     return fdtg.function_def_to_graph(fdef, input_shapes=input_shapes)
 
 
@@ -37,6 +40,7 @@ def reduced_shape(input_shape, axes):
     reduction gradients use it; computing it by hand would need the same
     handling of negative and dynamic axes)."""
     from tensorflow.python.ops import math_ops
+
     return math_ops.reduced_shape(input_shape, axes)
 
 
@@ -45,6 +49,7 @@ def disable_lower_using_switch_merge(graph_def):
     grappler keeps them functional instead of lowering them to
     ``Switch``/``Merge`` (which the rewrite does not follow)."""
     from tensorflow.python.framework import convert_to_constants
+
     return convert_to_constants.disable_lower_using_switch_merge(graph_def)
 
 
@@ -54,6 +59,7 @@ def inline_functions(graph_def, fetch: Sequence[str]):
     only when it runs the graph, not in the ``GraphDef`` we analyse)."""
     from tensorflow.core.protobuf import rewriter_config_pb2
     from tensorflow.python.grappler import tf_optimizer
+
     meta = tf.compat.v1.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     meta.collection_def["train_op"].node_list.value.extend(fetch)
@@ -71,11 +77,13 @@ def inline_functions(graph_def, fetch: Sequence[str]):
 # has no public editing API (graphs are meant to be built once); these are the
 # methods TF's own ``import_graph_def`` and control-flow code use.
 
+
 def create_op(graph, op_type: str, inputs, dtypes, name: str, attrs):
     """Create an op of ``op_type`` from raw ``AttrValue``\\ s (the public
     ``raw_ops`` need Python values and an op-specific signature)."""
     return graph._create_op_internal(  # pylint: disable=protected-access
-        op_type, list(inputs), dtypes=dtypes, name=name, attrs=attrs)
+        op_type, list(inputs), dtypes=dtypes, name=name, attrs=attrs
+    )
 
 
 def update_input(op, index: int, tensor) -> None:
@@ -97,11 +105,13 @@ def graph_function(graph, name: str):
 
 # -- Keras 3 internals (hlo_guard.tf.keras) ----------------------------------------
 
+
 def unscale_loss_for_distribution(loss):
     """Keras's own un-scaling of a loss before its loss tracker sees it; the
     guarded ``train_step`` repeats Keras's TF ``train_step`` step by step, and
     Keras 3 does not export this helper."""
     from keras.src.losses.loss import unscale_loss_for_distribution as unscale
+
     return unscale(loss)
 
 
@@ -109,4 +119,5 @@ def keras_tensorflow_trainer():
     """Keras's TF trainer class, to tell whether a model still has Keras's own
     ``train_step`` (no public name for it in Keras 3)."""
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
     return TensorFlowTrainer

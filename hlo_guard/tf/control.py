@@ -10,14 +10,12 @@ rebuild the body graphs from the function library by name, so they
 differentiate the guarded bodies.  Nested control flow is handled by the same
 recursion.
 """
-from __future__ import annotations
 
-from typing import List, Tuple
+from __future__ import annotations
 
 import tensorflow as tf
 
 from hlo_guard.tf import compat
-
 from passes.lattice import LIVE, dead_by
 
 BODY_ATTRS = {
@@ -28,8 +26,14 @@ BODY_ATTRS = {
     "Case": ("branches",),
     "StatelessCase": ("branches",),
 }
-_FIRST_BODY_INPUT = {"If": 1, "StatelessIf": 1, "While": 0, "StatelessWhile": 0,
-                     "Case": 1, "StatelessCase": 1}
+_FIRST_BODY_INPUT = {
+    "If": 1,
+    "StatelessIf": 1,
+    "While": 0,
+    "StatelessWhile": 0,
+    "Case": 1,
+    "StatelessCase": 1,
+}
 
 
 #: branches run once and return their outputs: an output the caller never
@@ -60,18 +64,27 @@ def _body_tangents(graph, forward, suspect_values, op):
     if forward is None:
         return None
     from hlo_guard.tf.rules.control_flow import body_tangents
+
     node = graph.index[op.name]
     lvs, suspect = body_tangents(forward, node, op)
     first = _FIRST_BODY_INPUT[op.type]
     names = graph.node_inputs(node)[first:]
-    suspect = [bool(s) or (suspect_values is not None and v in suspect_values)
-               for s, v in zip(suspect, names)]
+    suspect = [
+        bool(s) or (suspect_values is not None and v in suspect_values)
+        for s, v in zip(suspect, names)
+    ]
     return list(lvs), suspect, f"'{op.type}' '{graph.user_name(op.name)}'"
 
 
-def guard_bodies(graph, library, body_locations=None,
-                 depth: int = 0, analysis=None, forward=None,
-                 suspect_values=None) -> List[Tuple[str, str, object]]:
+def guard_bodies(
+    graph,
+    library,
+    body_locations=None,
+    depth: int = 0,
+    analysis=None,
+    forward=None,
+    suspect_values=None,
+) -> list[tuple[str, str, object]]:
     """Rewrite the bodies of every control-flow op of ``graph`` (a TFGraph).
 
     Returns ``[(op name, attr, BuildRecord of the guarded body)]`` for bodies
@@ -85,7 +98,7 @@ def guard_bodies(graph, library, body_locations=None,
         attrs = BODY_ATTRS.get(op.type)
         if not attrs or depth > 8:
             continue
-        inputs = op.inputs[_FIRST_BODY_INPUT[op.type]:]
+        inputs = op.inputs[_FIRST_BODY_INPUT[op.type] :]
         tangents = _body_tangents(graph, forward, suspect_values, op)
         for attr in attrs:
             value = op.get_attr(attr)
@@ -96,12 +109,20 @@ def guard_bodies(graph, library, body_locations=None,
                 fdef = fdefs.get(name)
                 if fdef is None:
                     continue
-                new_name, record = guard_function(fdef, inputs, library,
-                                                  body_locations or {}, depth,
-                                                  _branch_out_liveness(graph, analysis, op),
-                                                  tangents)
-                label = attr if len(funcs) == 1 and not isinstance(value, (list, tuple)) \
+                new_name, record = guard_function(
+                    fdef,
+                    inputs,
+                    library,
+                    body_locations or {},
+                    depth,
+                    _branch_out_liveness(graph, analysis, op),
+                    tangents,
+                )
+                label = (
+                    attr
+                    if len(funcs) == 1 and not isinstance(value, (list, tuple))
                     else f"{attr}[{k}]"
+                )
                 if new_name is None:
                     # unchanged, but its unguarded sites still belong in the report
                     if _has_unguarded(record):
@@ -121,17 +142,18 @@ def guard_bodies(graph, library, body_locations=None,
 
 def _has_unguarded(record) -> bool:
     return bool(record.unguarded or record.skipped) or any(
-        _has_unguarded(sub) for _, _, sub in record.nested)
+        _has_unguarded(sub) for _, _, sub in record.nested
+    )
 
 
 def _changed(record) -> bool:
     """Whether a body got a guard, itself or in a body nested in it."""
     return bool(record.applied or record.output_guards) or any(
-        _changed(sub) for _, _, sub in record.nested)
+        _changed(sub) for _, _, sub in record.nested
+    )
 
 
-def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=None,
-                   tangents=None):
+def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=None, tangents=None):
     """(name of a guarded copy of ``fdef`` added to the current graph, record),
     or (None, record) when the body needs no guard."""
     from hlo_guard.tf.rewrite import build_body  # circular: rewrite calls guard_bodies
@@ -146,9 +168,18 @@ def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=No
     holder = {}
 
     def body(*args):
-        outputs, record = build_body(body_def, in_names, out_names, args, library,
-                                     body_locations, fdef.signature.name, depth + 1,
-                                     out_liveness, tangents)
+        outputs, record = build_body(
+            body_def,
+            in_names,
+            out_names,
+            args,
+            library,
+            body_locations,
+            fdef.signature.name,
+            depth + 1,
+            out_liveness,
+            tangents,
+        )
         holder["record"] = record
         return outputs
 

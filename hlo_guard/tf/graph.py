@@ -7,10 +7,11 @@ tensors are unhashable in TF2, names are stable and cheap.  Tensors that come
 from outside the slice (the wrapper's arguments, identities of captured
 handles) are inputs without a producer, like a jaxpr's ``invars``.
 """
+
 from __future__ import annotations
 
 import heapq
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from collections.abc import Hashable, Sequence
 
 import tensorflow as tf
 
@@ -29,7 +30,7 @@ def carries_derivative(dtype) -> bool:
     return is_inexact(dtype) or tf.as_dtype(dtype) == tf.variant
 
 
-def topological_order(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
+def topological_order(ops: Sequence[tf.Operation]) -> list[tf.Operation]:
     """Kahn's algorithm over data and control edges inside ``ops``.
 
     ``import_graph_def`` creates operations in dependency order already, but
@@ -39,7 +40,7 @@ def topological_order(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
     """
     index = {op.name: i for i, op in enumerate(ops)}
     indegree = [0] * len(ops)
-    consumers: List[List[int]] = [[] for _ in ops]
+    consumers: list[list[int]] = [[] for _ in ops]
     for i, op in enumerate(ops):
         preds = {t.op.name for t in op.inputs} | {c.name for c in op.control_inputs}
         for p in preds:
@@ -65,15 +66,20 @@ def topological_order(ops: Sequence[tf.Operation]) -> List[tf.Operation]:
 class TFGraph:
     """Adapter of one imported TF graph slice for the analysis engine."""
 
-    def __init__(self, ops: Sequence[tf.Operation], outputs: Sequence[tf.Tensor],
-                 locations: Optional[Dict[str, str]] = None, strip_prefix: str = ""):
-        self.ops: List[tf.Operation] = topological_order(list(ops))
+    def __init__(
+        self,
+        ops: Sequence[tf.Operation],
+        outputs: Sequence[tf.Tensor],
+        locations: dict[str, str] | None = None,
+        strip_prefix: str = "",
+    ):
+        self.ops: list[tf.Operation] = topological_order(list(ops))
         self.index = {op.name: i for i, op in enumerate(self.ops)}
         self._inputs = [[t.name for t in op.inputs] for op in self.ops]
         self._outputs = [[t.name for t in op.outputs] for op in self.ops]
         self._graph_outputs = [t.name for t in outputs]
-        self.tensors: Dict[str, tf.Tensor] = {}
-        self._producer: Dict[str, Tuple[int, int]] = {}
+        self.tensors: dict[str, tf.Tensor] = {}
+        self._producer: dict[str, tuple[int, int]] = {}
         for n, op in enumerate(self.ops):
             for t in op.inputs:
                 self.tensors.setdefault(t.name, t)
@@ -93,13 +99,13 @@ class TFGraph:
     def op_name(self, node: int) -> str:
         return self.ops[node].type
 
-    def node_inputs(self, node: int) -> List[Optional[Hashable]]:
+    def node_inputs(self, node: int) -> list[Hashable | None]:
         return self._inputs[node]
 
-    def node_outputs(self, node: int) -> List[Optional[Hashable]]:
+    def node_outputs(self, node: int) -> list[Hashable | None]:
         return self._outputs[node]
 
-    def graph_outputs(self) -> List[Optional[Hashable]]:
+    def graph_outputs(self) -> list[Hashable | None]:
         return self._graph_outputs
 
     def carries_derivative(self, value) -> bool:
@@ -112,13 +118,13 @@ class TFGraph:
     def op(self, node: int) -> tf.Operation:
         return self.ops[node]
 
-    def producer(self, name: str) -> Optional[Tuple[int, int]]:
+    def producer(self, name: str) -> tuple[int, int] | None:
         return self._producer.get(name)
 
     def user_name(self, op_name: str) -> str:
         """The operation's name in the user's traced function (import prefix removed)."""
         if self.strip_prefix and op_name.startswith(self.strip_prefix):
-            return op_name[len(self.strip_prefix):]
+            return op_name[len(self.strip_prefix) :]
         return op_name
 
     def location(self, op_name: str) -> str:

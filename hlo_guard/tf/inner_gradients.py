@@ -16,10 +16,11 @@ Gradient ops are recognised by the name scopes TF gives them: ``gradient_tape``
 mask probes (scope ``hlo_guard_probe``, from a guard nested in the function)
 are not the user's gradients and are ignored.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from hlo_guard.errors import GuardUsageError
 
@@ -47,7 +48,7 @@ def _called_functions(node) -> Iterable[str]:
             yield f.name
 
 
-def _used_gradient_node(graph_def, fetch: Iterable[str]) -> Optional[str]:
+def _used_gradient_node(graph_def, fetch: Iterable[str]) -> str | None:
     """Name of a gradient op the fetched outputs depend on, or None.
 
     Only what the outputs (and control outputs, e.g. an optimizer's variable
@@ -95,8 +96,7 @@ def _find_op(graph, name: str):
     return None
 
 
-def check_no_inner_gradient(concrete, graph_def, fetch: Iterable[str],
-                            function_name: str) -> None:
+def check_no_inner_gradient(concrete, graph_def, fetch: Iterable[str], function_name: str) -> None:
     """Raise :class:`GuardUsageError` if the traced function's outputs depend on
     a gradient it computes itself."""
     from hlo_guard.tf.locations import user_location
@@ -119,7 +119,8 @@ def check_no_inner_gradient(concrete, graph_def, fetch: Iterable[str],
         "        with tf.GradientTape() as tape:\n"
         "            loss = loss_fn(x, y)\n"
         "        grads = tape.gradient(loss, model.trainable_variables)\n"
-        "        optimizer.apply_gradients(zip(grads, model.trainable_variables))")
+        "        optimizer.apply_gradients(zip(grads, model.trainable_variables))"
+    )
     # AutoGraph (the caller's tf.function) would re-raise an unknown exception
     # type as a StagingError; this attribute, which it checks, keeps ours
     error.ag_pass_through = True

@@ -20,15 +20,15 @@ whose class writes its own ``train_step`` is refused by ``guard_train_step``:
 put ``hlo_guard.tf.guard`` on that step's forward+loss function instead (the
 recipe in README.md).
 """
+
 from __future__ import annotations
 
 import types
 
 import tensorflow as tf
 
-from hlo_guard.tf import compat
-
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.tf import compat
 from hlo_guard.tf.api import GuardedTFFunction, guard
 
 __all__ = ["GuardedTrainStep", "guard_train_step", "guarded_forward", "guarded_train_step"]
@@ -38,11 +38,13 @@ _FORWARD_ATTR = "_hlo_guard_forward"
 
 def _keras():
     import keras
+
     if keras.backend.backend() != "tensorflow":
         raise GuardUsageError(
             f"hlo_guard.tf.keras needs the TensorFlow Keras backend, but "
             f"keras.backend.backend() is {keras.backend.backend()!r}; set "
-            f"KERAS_BACKEND=tensorflow (or guard a JAX-backend model with hlo_guard.guard)")
+            f"KERAS_BACKEND=tensorflow (or guard a JAX-backend model with hlo_guard.guard)"
+        )
     return keras
 
 
@@ -52,14 +54,17 @@ def guarded_forward(model) -> GuardedTFFunction:
     shows the guards ``fit`` uses)."""
     forward = model.__dict__.get(_FORWARD_ATTR)
     if forward is None:
+
         def forward_and_loss(x, y, sample_weight):
             if model._call_has_training_arg:
                 y_pred = model(x, training=True)
             else:
                 y_pred = model(x)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred,
-                                       sample_weight=sample_weight, training=True)
+            loss = model._compute_loss(
+                x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+            )
             return y_pred, loss
+
         forward_and_loss.__qualname__ = f"{type(model).__name__}.forward_and_loss"
         forward = guard(forward_and_loss)
         # plain attribute: Keras's layer tracking must not treat it as state
@@ -76,8 +81,9 @@ def guarded_train_step(model, data):
     with tf.GradientTape() as tape:
         y_pred, loss = forward(x, y, sample_weight)
         first_input = next(i for i in tf.nest.flatten(x) if i is not None)
-        model._loss_tracker.update_state(compat.unscale_loss_for_distribution(loss),
-                                         sample_weight=tf.shape(first_input)[0])
+        model._loss_tracker.update_state(
+            compat.unscale_loss_for_distribution(loss), sample_weight=tf.shape(first_input)[0]
+        )
         if model.optimizer is not None:
             loss = model.optimizer.scale_loss(loss)
     if model.trainable_weights:
@@ -86,7 +92,8 @@ def guarded_train_step(model, data):
         model.optimizer.apply_gradients(zip(gradients, weights))
     else:
         import warnings
-        warnings.warn("The model does not have any trainable weights.")
+
+        warnings.warn("The model does not have any trainable weights.", stacklevel=2)
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
@@ -108,7 +115,8 @@ def guard_train_step(model):
     if not isinstance(model, keras.Model):
         raise GuardUsageError(
             f"hlo_guard.tf.keras.guard_train_step expects a keras.Model, got "
-            f"{type(model).__name__}; for a layer or function use hlo_guard.tf.guard")
+            f"{type(model).__name__}; for a layer or function use hlo_guard.tf.guard"
+        )
     TensorFlowTrainer = compat.keras_tensorflow_trainer()
     own = type(model).train_step
     if own is not TensorFlowTrainer.train_step and own is not GuardedTrainStep.train_step:
@@ -116,7 +124,8 @@ def guard_train_step(model):
             f"{type(model).__name__} defines its own train_step, which guard_train_step "
             f"would replace; instead guard its forward+loss inside it: "
             f"`y_pred, loss = hlo_guard.tf.guard(forward_and_loss)(x, y)` under the "
-            f"GradientTape (the tape stays outside the guarded function)")
+            f"GradientTape (the tape stays outside the guarded function)"
+        )
     # an instance attribute, so other models of the class are untouched
     object.__setattr__(model, "train_step", types.MethodType(guarded_train_step, model))
     model.train_function = None

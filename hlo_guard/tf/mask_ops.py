@@ -7,6 +7,7 @@ until run time (``TensorSpec([None])``), so every reshaping goes through
 use to undo implicit broadcasting, which makes the reduction follow TF's
 broadcasting rules exactly.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -125,8 +126,9 @@ def reduce_to_shape(m: tf.Tensor, shape: tf.Tensor, static: tf.TensorShape) -> t
     if static.is_fully_defined() and have.is_fully_defined():
         target, got = static.as_list(), have.as_list()
         lead = len(got) - len(target)
-        axes = list(range(lead)) + [lead + i for i, d in enumerate(target)
-                                    if d == 1 and got[lead + i] != 1]
+        axes = list(range(lead)) + [
+            lead + i for i, d in enumerate(target) if d == 1 and got[lead + i] != 1
+        ]
         if not axes:
             return m
         return tf.reshape(tf.reduce_any(m, axis=axes), target)

@@ -9,28 +9,42 @@ reads.  Both keep the node's attributes (``T``, ``axis``, ``keep_dims`` ...) and
 drop the private ones (``_class`` colocation, ``_output_shapes``), which name
 the original node and would be wrong for a copy.
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
 from hlo_guard.tf import compat
 
 
-def copy_op(op: tf.Operation, inputs: Sequence[tf.Tensor], *, op_type: Optional[str] = None,
-            name: Optional[str] = None) -> tf.Operation:
+def copy_op(
+    op: tf.Operation,
+    inputs: Sequence[tf.Tensor],
+    *,
+    op_type: str | None = None,
+    name: str | None = None,
+) -> tf.Operation:
     graph = tf.compat.v1.get_default_graph()
     attrs = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
     base = name or ("hlo_guard_copy/" + op.name.split("/")[-1])
     return compat.create_op(
-        graph, op_type or op.type, list(inputs), dtypes=[t.dtype for t in op.outputs],
-        name=graph.unique_name(base, mark_as_used=False), attrs=attrs)
+        graph,
+        op_type or op.type,
+        list(inputs),
+        dtypes=[t.dtype for t in op.outputs],
+        name=graph.unique_name(base, mark_as_used=False),
+        attrs=attrs,
+    )
 
 
 def is_stateful(op: tf.Operation) -> bool:
     """Whether running ``op`` a second time could differ or have an effect."""
     try:
         return bool(op.op_def.is_stateful)
-    except (AttributeError, ValueError):  # pragma: no cover - unknown op kinds are assumed effectful
+    except (
+        AttributeError,
+        ValueError,
+    ):  # pragma: no cover - unknown op kinds are assumed effectful
         return True

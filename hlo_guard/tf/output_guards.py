@@ -16,21 +16,21 @@ engine's forward analysis (:func:`passes.analysis.analyze_forward`,
 :func:`passes.planning.plan_output_guards`) with the TF rules' forward halves,
 exactly as the JAX front end does.
 """
+
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set
+from collections.abc import Sequence
 
 import tensorflow as tf
-
-from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
-from passes.lattice import LIVE, Liveness
-from passes.masks import ALL, NONE, ForwardMaskResolver
-from passes.planning import OutputGuardSite, plan_output_guards
 
 from hlo_guard.tf import compat
 from hlo_guard.tf.graph import TFGraph
 from hlo_guard.tf.mask_ops import ALGEBRA
 from hlo_guard.tf.rules import RULES
+from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
+from passes.lattice import LIVE, Liveness
+from passes.masks import ALL, NONE, ForwardMaskResolver
+from passes.planning import OutputGuardSite, plan_output_guards
 
 
 class ForwardView:
@@ -42,14 +42,14 @@ class ForwardView:
     def __init__(self, graph: TFGraph):
         self._graph = graph
         produced = {v for n in range(graph.node_count()) for v in graph.node_outputs(n)}
-        seen: Dict[str, None] = {}
+        seen: dict[str, None] = {}
         for n in range(graph.node_count()):
             for v in graph.node_inputs(n):
                 if v not in produced:
                     seen.setdefault(v, None)
         self._inputs = list(seen)
 
-    def graph_inputs(self) -> List[str]:
+    def graph_inputs(self) -> list[str]:
         return self._inputs
 
     def carries_derivative(self, value) -> bool:
@@ -62,7 +62,7 @@ class ForwardView:
         return getattr(self._graph, name)
 
 
-def plan(graph: TFGraph, analysis: Analysis, in_tangents: Optional[Dict[str, Liveness]] = None):
+def plan(graph: TFGraph, analysis: Analysis, in_tangents: dict[str, Liveness] | None = None):
     """(forward analysis, output guard sites) of one imported graph.
 
     ``in_tangents``: tangent liveness of some inputs by tensor name (a
@@ -74,8 +74,9 @@ def plan(graph: TFGraph, analysis: Analysis, in_tangents: Optional[Dict[str, Liv
     return fa, plan_output_guards(analysis, fa)
 
 
-def apply(builder, fa: ForwardAnalysis, sites: Sequence[OutputGuardSite],
-          outputs: List[tf.Tensor]) -> List[tf.Tensor]:
+def apply(
+    builder, fa: ForwardAnalysis, sites: Sequence[OutputGuardSite], outputs: list[tf.Tensor]
+) -> list[tf.Tensor]:
     """Insert the output guards; returns the graph outputs, rewired.
 
     Every consumer of a guarded output moves to the guard, except the
@@ -88,7 +89,8 @@ def apply(builder, fa: ForwardAnalysis, sites: Sequence[OutputGuardSite],
     graph = builder.graph
     builder.forward = fa  # rules whose masks need the analysis' notes (control flow)
     resolver = ForwardMaskResolver(
-        fa, ALGEBRA, {}, lambda node, ins: _output_masks(builder, node, ins), graph.producer)
+        fa, ALGEBRA, {}, lambda node, ins: _output_masks(builder, node, ins), graph.producer
+    )
     planned = []
     for site in sites:
         op = graph.op(site.node)
@@ -104,7 +106,7 @@ def apply(builder, fa: ForwardAnalysis, sites: Sequence[OutputGuardSite],
             continue
         if mask is not ALL:
             planned.append((site, y, mask))
-    keep: Set[str] = set(builder.value_readers)
+    keep: set[str] = set(builder.value_readers)
     for site, y, mask in planned:
         with tf.name_scope("hlo_guard_output_guard"):
             stopped = tf.stop_gradient(y)
@@ -132,7 +134,7 @@ def _output_masks(builder, node: int, in_masks):
     return rule.forward_masks(builder, node, op, in_masks)
 
 
-def output_nodes(sites: Sequence[OutputGuardSite]) -> Set[int]:
+def output_nodes(sites: Sequence[OutputGuardSite]) -> set[int]:
     """Nodes whose outputs will be rewired: values downstream of them must be
     recomputed on the side when a mask needs them (see ``Builder.value``)."""
     return {s.node for s in sites if not s.statically_dead}

@@ -11,18 +11,18 @@ dead lanes reach without a guard, with the reason -- the same
 ``hlo``, ``optimized_hlo`` and ``stablehlo`` (the last works in TF 2.21 although
 TF's error text for a bad stage does not list it).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
-
-from passes.report import OriginRecord, Report, SiteRecord
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.tf.rewrite import BuildRecord
 from hlo_guard.tf.rules import RULES
+from passes.report import OriginRecord, Report, SiteRecord
 
 STAGES = ("hlo", "optimized_hlo", "stablehlo")
 
@@ -63,15 +63,22 @@ def _origins(graph, liveness):
     return records
 
 
-def build_report(record: BuildRecord, function: str) -> "TFReport":
+def build_report(record: BuildRecord, function: str) -> TFReport:
     if record.fallback:
-        return TFReport("tensorflow", function,
-                      [SiteRecord("unguarded", function, function, reason=record.fallback)],
-                      extra={"rule_table": RULES.name})
+        return TFReport(
+            "tensorflow",
+            function,
+            [SiteRecord("unguarded", function, function, reason=record.fallback)],
+            extra={"rule_table": RULES.name},
+        )
     sites: list = []
     _collect(record, "", sites)
-    return TFReport("tensorflow", function, sites,
-                  extra={"ops": record.graph.node_count(), "rule_table": RULES.name})
+    return TFReport(
+        "tensorflow",
+        function,
+        sites,
+        extra={"ops": record.graph.node_count(), "rule_table": RULES.name},
+    )
 
 
 def _collect(record: BuildRecord, scope: str, sites: list) -> None:
@@ -80,26 +87,59 @@ def _collect(record: BuildRecord, scope: str, sites: list) -> None:
     for applied in record.applied:
         s = applied.site
         op, loc, _ = _describe(graph, graph.ops[s.node].name)
-        sites.append(SiteRecord("guard", op, loc, scope=scope, operand=s.index,
-                                statically_dead=applied.form == "stop_gradient",
-                                origins=_origins(graph, s.liveness)))
+        sites.append(
+            SiteRecord(
+                "guard",
+                op,
+                loc,
+                scope=scope,
+                operand=s.index,
+                statically_dead=applied.form == "stop_gradient",
+                origins=_origins(graph, s.liveness),
+            )
+        )
     for applied in record.output_guards:
         s = applied.site
         op, loc, _ = _describe(graph, graph.ops[s.node].name)
-        sites.append(SiteRecord("guard", op, loc, scope=scope, operand=None,
-                                statically_dead=applied.form == "stop_gradient",
-                                origins=_origins(graph, s.liveness),
-                                reason=f"output {s.index} guarded for forward mode: its "
-                                       "tangent is selected where the inputs' is "
-                                       "structurally zero"))
+        sites.append(
+            SiteRecord(
+                "guard",
+                op,
+                loc,
+                scope=scope,
+                operand=None,
+                statically_dead=applied.form == "stop_gradient",
+                origins=_origins(graph, s.liveness),
+                reason=f"output {s.index} guarded for forward mode: its "
+                "tangent is selected where the inputs' is "
+                "structurally zero",
+            )
+        )
     for site, reason in record.skipped:
         op, loc, _ = _describe(graph, graph.ops[site.node].name)
-        sites.append(SiteRecord("unguarded", op, loc, scope=scope, operand=site.index,
-                                origins=_origins(graph, site.liveness), reason=reason))
+        sites.append(
+            SiteRecord(
+                "unguarded",
+                op,
+                loc,
+                scope=scope,
+                operand=site.index,
+                origins=_origins(graph, site.liveness),
+                reason=reason,
+            )
+        )
     for u in record.unguarded:
         op, loc, _ = _describe(graph, graph.ops[u.node].name)
-        sites.append(SiteRecord("unguarded", op, loc, scope=scope,
-                                origins=_origins(graph, u.liveness), reason=u.reason))
+        sites.append(
+            SiteRecord(
+                "unguarded",
+                op,
+                loc,
+                scope=scope,
+                origins=_origins(graph, u.liveness),
+                reason=u.reason,
+            )
+        )
     for op_name, attr, sub in record.nested:
         inner = f"{graph.user_name(op_name)}.{attr}"
         _collect(sub, f"{scope}/{inner}" if scope else inner, sites)
@@ -107,16 +147,18 @@ def _collect(record: BuildRecord, scope: str, sites: list) -> None:
 
 def _guard_of(fn):
     from hlo_guard.tf.api import GuardedTFFunction
+
     if isinstance(fn, GuardedTFFunction):
         return fn
     inner = getattr(fn, "hlo_guard", None)
     if isinstance(inner, GuardedTFFunction):
         return inner
     raise GuardUsageError(
-        f"expected a function made by hlo_guard.tf.guard or guarded_function, got {fn!r}")
+        f"expected a function made by hlo_guard.tf.guard or guarded_function, got {fn!r}"
+    )
 
 
-def report(fn, *args, **kwargs) -> "TFReport":
+def report(fn, *args, **kwargs) -> TFReport:
     """The guard report of ``fn`` (a guard or guarded_function) for these arguments;
     ``.dumps(level, program, show)`` shows XLA's view of the original and guarded
     programs, as the JAX report does."""
@@ -129,6 +171,7 @@ def report(fn, *args, **kwargs) -> "TFReport":
     result = build_report(guarded.record_for(*args, **kwargs), guarded.__name__)
     if not kwargs:  # XLA dumps take positional tensors
         from hlo_guard.inspect.explain_tf import TFDumps
+
         result._dumps = TFDumps(guarded, args).show
     return result
 
@@ -136,22 +179,26 @@ def report(fn, *args, **kwargs) -> "TFReport":
 @dataclass
 class TFReport(Report):
     """The TF guard report, with the dumps of the program it describes."""
-    _dumps: Optional[Callable[..., str]] = field(default=None, repr=False, compare=False)
 
-    def dumps(self, level: str = "stablehlo", program: str = "forward",
-              show: str = "diff") -> str:
+    _dumps: Callable[..., str] | None = field(default=None, repr=False, compare=False)
+
+    def dumps(self, level: str = "stablehlo", program: str = "forward", show: str = "diff") -> str:
         """XLA's view at ``level`` (``stablehlo`` as lowered, ``hlo`` optimized) of
         ``program`` (``forward``, or ``grad``: the gradient of the sum of the
         outputs); ``show`` one of ``diff``, ``original``, ``guarded``, ``both``."""
         if self._dumps is None:
-            raise GuardUsageError("dumps need the report of positional arguments: "
-                                  "hlo_guard.tf.report(f, *args)")
+            raise GuardUsageError(
+                "dumps need the report of positional arguments: hlo_guard.tf.report(f, *args)"
+            )
         return self._dumps(level=level, program=program, show=show)
 
 
 def _sum_outputs(out):
-    leaves = [t for t in tf.nest.flatten(out) if isinstance(t, tf.Tensor)
-              and (t.dtype.is_floating or t.dtype.is_complex)]
+    leaves = [
+        t
+        for t in tf.nest.flatten(out)
+        if isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_complex)
+    ]
     return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) for t in leaves])
 
 
@@ -168,6 +215,7 @@ def compiler_ir(fn, *args, stage: str = "hlo", gradient: bool = False, guarded: 
     body: Callable = g.wrapper if guarded else g._tracer  # pylint: disable=protected-access
     tensors = [tf.convert_to_tensor(a) for a in args]
     if gradient:
+
         def program(*xs):
             with tf.GradientTape() as tape:
                 for x in xs:
@@ -176,8 +224,10 @@ def compiler_ir(fn, *args, stage: str = "hlo", gradient: bool = False, guarded: 
                 total = _sum_outputs(body(*xs))
             return tape.gradient(total, list(xs))
     else:
+
         def program(*xs):
             return body(*xs)
+
     jitted = tf.function(program, jit_compile=True, autograph=False)
     return jitted.experimental_get_compiler_ir(*tensors)(stage=stage)
 
@@ -187,6 +237,7 @@ def compiler_irs(fn, *args, stages: Sequence[str] = STAGES, gradient: bool = Tru
     out = {}
     for which in ("plain", "guarded"):
         for stage in stages:
-            out[(which, stage)] = compiler_ir(fn, *args, stage=stage, gradient=gradient,
-                                              guarded=which == "guarded")
+            out[(which, stage)] = compiler_ir(
+                fn, *args, stage=stage, gradient=gradient, guarded=which == "guarded"
+            )
     return out

@@ -23,26 +23,25 @@ copies of stateless ops from gradient-stopped inputs; XLA's CSE merges them
 with the originals).  A mask that would need a stateful op twice (a random
 draw, a variable update) is not built: that guard is skipped and reported.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 
 from hlo_guard.tf import compat
-
-from passes.analysis import Analysis, analyze
-from passes.lattice import LIVE
-from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
-from passes.rules import BroadcastOperandRule
-from passes.planning import GuardSite, UnguardedSite, plan_guards
-
 from hlo_guard.tf.graph import TFGraph, is_inexact
 from hlo_guard.tf.mask_ops import ALGEBRA
 from hlo_guard.tf.opcopy import copy_op, is_stateful
 from hlo_guard.tf.rules import RULES
 from hlo_guard.tf.tracing import TracedFunction
+from passes.analysis import Analysis, analyze
+from passes.lattice import LIVE
+from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
+from passes.planning import GuardSite, UnguardedSite, plan_guards
+from passes.rules import BroadcastOperandRule
 
 
 @dataclass
@@ -54,25 +53,29 @@ class AppliedGuard:
 @dataclass
 class BuildRecord:
     """What one trace of the guarded wrapper did (for reports)."""
-    graph: Optional[TFGraph]
-    analysis: Optional[Analysis]
-    applied: List[AppliedGuard] = field(default_factory=list)
-    unguarded: List[UnguardedSite] = field(default_factory=list)
-    skipped: List[Tuple[GuardSite, str]] = field(default_factory=list)
+
+    graph: TFGraph | None
+    analysis: Analysis | None
+    applied: list[AppliedGuard] = field(default_factory=list)
+    unguarded: list[UnguardedSite] = field(default_factory=list)
+    skipped: list[tuple[GuardSite, str]] = field(default_factory=list)
     #: non-empty when the whole function was left unguarded, and why
     fallback: str = ""
     #: guarded control-flow bodies: (op name, attr, BuildRecord)
-    nested: List[Tuple[str, str, "BuildRecord"]] = field(default_factory=list)
+    nested: list[tuple[str, str, BuildRecord]] = field(default_factory=list)
     #: forward-mode guards on operation outputs (:mod:`hlo_guard.tf.output_guards`)
-    output_guards: List[AppliedGuard] = field(default_factory=list)
+    output_guards: list[AppliedGuard] = field(default_factory=list)
 
 
-def import_traced(traced: TracedFunction, flat_args: Sequence[tf.Tensor],
-                  scope: str = "hlo_guard") -> Tuple[List[tf.Operation], List[tf.Tensor], str]:
+def import_traced(
+    traced: TracedFunction, flat_args: Sequence[tf.Tensor], scope: str = "hlo_guard"
+) -> tuple[list[tf.Operation], list[tf.Tensor], str]:
     """Import the traced GraphDef into the current graph; (ops, outputs, prefix)."""
     if len(flat_args) != len(traced.arg_names):
-        raise ValueError(f"the traced function takes {len(traced.arg_names)} tensor "
-                         f"argument(s), got {len(flat_args)}")
+        raise ValueError(
+            f"the traced function takes {len(traced.arg_names)} tensor "
+            f"argument(s), got {len(flat_args)}"
+        )
     input_map = dict(zip(traced.arg_names, flat_args))
     for external, internal in traced.captures:
         input_map[internal] = tf.identity(external)
@@ -93,8 +96,11 @@ def _import(graph_def, input_map, output_names, scope):
         node = trimmed.node.add()
         node.CopyFrom(n)
         if "_class" in node.attr:  # colocation with a removed placeholder
-            keep = [c for c in node.attr["_class"].list.s
-                    if c.decode(errors="replace")[len("loc:@"):] not in removed]
+            keep = [
+                c
+                for c in node.attr["_class"].list.s
+                if c.decode(errors="replace")[len("loc:@") :] not in removed
+            ]
             if keep:
                 del node.attr["_class"].list.s[:]
                 node.attr["_class"].list.s.extend(keep)
@@ -106,13 +112,19 @@ def _import(graph_def, input_map, output_names, scope):
     read = _tensors_read(trimmed)
     used_map = {k: v for k, v in input_map.items() if _canonical(k) in read}
     node_names = [n.name for n in trimmed.node]
-    ops = tf.graph_util.import_graph_def(trimmed, input_map=used_map,
-                                         return_elements=node_names, name=scope)
+    ops = tf.graph_util.import_graph_def(
+        trimmed, input_map=used_map, return_elements=node_names, name=scope
+    )
     graph = tf.compat.v1.get_default_graph()
-    prefix = ops[0].name[:len(ops[0].name) - len(node_names[0])] if ops else \
-        graph.unique_name(scope, mark_as_used=False) + "/"
-    outputs = [input_map[n] if n in input_map else graph.get_tensor_by_name(prefix + n)
-               for n in output_names]
+    prefix = (
+        ops[0].name[: len(ops[0].name) - len(node_names[0])]
+        if ops
+        else graph.unique_name(scope, mark_as_used=False) + "/"
+    )
+    outputs = [
+        input_map[n] if n in input_map else graph.get_tensor_by_name(prefix + n)
+        for n in output_names
+    ]
     return list(ops), outputs, prefix
 
 
@@ -121,7 +133,7 @@ def _canonical(tensor_name: str) -> str:
     return tensor_name if ":" in tensor_name else tensor_name + ":0"
 
 
-def _tensors_read(graph_def) -> Set[str]:
+def _tensors_read(graph_def) -> set[str]:
     """Every tensor some node of ``graph_def`` (top level) reads as a data input."""
     return {_canonical(i) for n in graph_def.node for i in n.input if not i.startswith("^")}
 
@@ -129,29 +141,31 @@ def _tensors_read(graph_def) -> Set[str]:
 class Builder:
     """Masks and guards for one imported graph (the ``mctx`` rules read)."""
 
-    def __init__(self, graph: TFGraph, analysis: Analysis, rewired_outputs: Set[int] = frozenset()):
+    def __init__(self, graph: TFGraph, analysis: Analysis, rewired_outputs: set[int] = frozenset()):
         """``rewired_outputs``: nodes whose outputs output guards will move
         the consumers off (their descendants are recomputed for masks, too)."""
         self.graph = graph
         self.analysis = analysis
         sites, unguarded = plan_guards(analysis)
-        self.sites: List[GuardSite] = sites
+        self.sites: list[GuardSite] = sites
         self.record = BuildRecord(graph, analysis, unguarded=list(unguarded))
         self.original_inputs = [list(op.inputs) for op in graph.ops]
         self.downstream = self._descendants(
-            {s.node for s in sites if not s.statically_dead} | set(rewired_outputs))
-        self._values: Dict[str, tf.Tensor] = {}
+            {s.node for s in sites if not s.statically_dead} | set(rewired_outputs)
+        )
+        self._values: dict[str, tf.Tensor] = {}
         #: the StopGradient reads of imported tensors that masks are built from
-        self.value_readers: Set[str] = set()
+        self.value_readers: set[str] = set()
         #: outputs of operations swapped for a guarded copy (old name -> new tensor)
-        self.replaced: Dict[str, tf.Tensor] = {}
-        out_masks = [ALL if lv.reaches_output and not lv.is_dead else NONE
-                     for lv in analysis.out_liveness]
+        self.replaced: dict[str, tf.Tensor] = {}
+        out_masks = [
+            ALL if lv.reaches_output and not lv.is_dead else NONE for lv in analysis.out_liveness
+        ]
         self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
 
     # -- values --------------------------------------------------------------------
-    def _descendants(self, roots: Set[int]) -> Set[int]:
-        consumers: Dict[str, List[int]] = {}
+    def _descendants(self, roots: set[int]) -> set[int]:
+        consumers: dict[str, list[int]] = {}
         for n, op in enumerate(self.graph.ops):
             for t in op.inputs:
                 consumers.setdefault(t.op.name, []).append(n)
@@ -202,7 +216,8 @@ class Builder:
             if is_stateful(op):
                 raise ShadowUnavailable(
                     f"the mask needs the result of stateful '{op.type}' "
-                    f"('{self.graph.user_name(op.name)}'), which must run exactly once")
+                    f"('{self.graph.user_name(op.name)}'), which must run exactly once"
+                )
             with tf.name_scope("hlo_guard_shadow"):
                 copy = copy_op(op, [self._values[x.name] for x in inputs])
             for orig, new in zip(op.outputs, copy.outputs):
@@ -239,7 +254,7 @@ class Builder:
                     continue
                 guarded = tf.raw_ops.SelectV2(condition=mask, t=x, e=tf.stop_gradient(x))
                 pending.append((site, guarded, "select"))
-        by_node: Dict[int, list] = {}
+        by_node: dict[int, list] = {}
         for site, guarded, form in pending:
             by_node.setdefault(site.node, []).append((site.index, guarded))
             self.record.applied.append(AppliedGuard(site, form))
@@ -252,7 +267,7 @@ class Builder:
                 self._replace(op, dict(items))
         return self.record
 
-    def _replace(self, op: tf.Operation, new_inputs: Dict[int, tf.Tensor]) -> None:
+    def _replace(self, op: tf.Operation, new_inputs: dict[int, tf.Tensor]) -> None:
         """Swap ``op`` for a copy reading ``new_inputs`` (an input edge cannot
         change rank in place), and move every consumer -- guards included --
         to the copy's outputs."""
@@ -266,7 +281,6 @@ class Builder:
                         compat.update_input(consumer, k, new)
             self.replaced[old.name] = new
         compat.move_control_outputs(op, new_op)
-
 
     def _guard_operand(self, site: GuardSite, x: tf.Tensor):
         """(operand to guard, its mask).
@@ -295,11 +309,22 @@ def _same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
     return a.shape.is_fully_defined() and b.shape.is_fully_defined() and a.shape == b.shape
 
 
-def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth,
-                 out_liveness=None, in_tangents=None, tangent_seeds=None):
+def _guard_graph(
+    ops,
+    outputs,
+    library,
+    locations,
+    body_locations,
+    prefix,
+    depth,
+    out_liveness=None,
+    in_tangents=None,
+    tangent_seeds=None,
+):
     """``in_tangents``/``tangent_seeds``: a body's argument tangents and the
     arguments whose lanes are not known inside (:mod:`hlo_guard.tf.tangent_gaps`)."""
     from hlo_guard.tf import output_guards, tangent_gaps
+
     graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
     analysis = analyze(graph, RULES, out_liveness)
     forward, out_sites = output_guards.plan(graph, analysis, in_tangents)
@@ -307,38 +332,63 @@ def _guard_graph(ops, outputs, library, locations, body_locations, prefix, depth
     record = builder.apply()
     outputs = [builder.replaced.get(t.name, t) for t in outputs]
     outputs = output_guards.apply(builder, forward, out_sites, outputs)
-    suspect, gaps = tangent_gaps.unguarded_sites(forward.graph, forward, analysis,
-                                                 tangent_seeds or {})
+    suspect, gaps = tangent_gaps.unguarded_sites(
+        forward.graph, forward, analysis, tangent_seeds or {}
+    )
     record.unguarded.extend(gaps)
     from hlo_guard.tf.control import guard_bodies
-    record.nested = guard_bodies(graph, library, body_locations, depth, analysis,
-                                 forward, suspect)
+
+    record.nested = guard_bodies(graph, library, body_locations, depth, analysis, forward, suspect)
     return outputs, record
 
 
 def build_guarded(traced: TracedFunction, flat_args: Sequence[tf.Tensor]):
     """Import, analyse, guard.  Returns (flat outputs, BuildRecord)."""
     ops, outputs, prefix = import_traced(traced, flat_args)
-    return _guard_graph(ops, outputs, traced.graph_def.library, traced.locations,
-                        traced.body_locations, prefix, 0)
+    return _guard_graph(
+        ops, outputs, traced.graph_def.library, traced.locations, traced.body_locations, prefix, 0
+    )
 
 
-def build_body(graph_def, in_names, out_names, args, library, body_locations, name, depth,
-               out_liveness=None, tangents=None):
+def build_body(
+    graph_def,
+    in_names,
+    out_names,
+    args,
+    library,
+    body_locations,
+    name,
+    depth,
+    out_liveness=None,
+    tangents=None,
+):
     """The same for a control-flow body (its outputs fully live unless
     ``out_liveness`` says which are unused; ``tangents``: (liveness, suspect
     flags, description of the op) of its arguments' tangents, for forward mode)."""
-    ops, outputs, prefix = _import(graph_def, dict(zip(in_names, args)), out_names,
-                                   "hlo_guard_body")
+    ops, outputs, prefix = _import(
+        graph_def, dict(zip(in_names, args)), out_names, "hlo_guard_body"
+    )
     in_tangents = seeds = None
     if tangents is not None:
         from hlo_guard.tf.tangent_gaps import body_seeds
+
         lvs, suspect, where = tangents
         names = [a.name for a in args]
         # a variable handle's reads have a live tangent whatever the caller's
         # analysis says about the handle (it may be an accumulator primal)
-        in_tangents = {n: LIVE if a.dtype == tf.resource else lv
-                       for n, a, lv in zip(names, args, lvs)}
+        in_tangents = {
+            n: LIVE if a.dtype == tf.resource else lv for n, a, lv in zip(names, args, lvs)
+        }
         seeds = body_seeds(names, list(lvs), list(suspect), where)
-    return _guard_graph(ops, outputs, library, body_locations.get(name, {}), body_locations,
-                        prefix, depth, out_liveness, in_tangents, seeds)
+    return _guard_graph(
+        ops,
+        outputs,
+        library,
+        body_locations.get(name, {}),
+        body_locations,
+        prefix,
+        depth,
+        out_liveness,
+        in_tangents,
+        seeds,
+    )

@@ -17,9 +17,10 @@ is suspect, and every operation that would get an output guard
 site, with the note's reason.  Values entering a control-flow body partly
 zero are suspect inside the body too (:func:`body_seeds`).
 """
+
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from collections.abc import Iterable
 
 from passes.lattice import Level, Liveness
 from passes.planning import UnguardedSite
@@ -28,7 +29,7 @@ from passes.planning import UnguardedSite
 UNFOLLOWED = "unfollowed"
 
 
-def note_unfollowed(fa, node: int, reason: str, outputs: Optional[Iterable[int]] = None) -> None:
+def note_unfollowed(fa, node: int, reason: str, outputs: Iterable[int] | None = None) -> None:
     """Record that ``node``'s outputs (all, or these indices) were taken as
     fully live without knowing it."""
     notes = fa.notes.setdefault(UNFOLLOWED, {})
@@ -47,19 +48,22 @@ def is_partly_zero(lv: Liveness) -> bool:
     return lv.reaches_output and not lv.is_live
 
 
-def tainted_values(graph, fa, seeds: Dict[str, str]) -> Tuple[Dict[str, str], List[Tuple[int, str]]]:
+def tainted_values(
+    graph, fa, seeds: dict[str, str]
+) -> tuple[dict[str, str], list[tuple[int, str]]]:
     """(suspect value -> reason, [(node reading a suspect value, reason)]).
 
     ``seeds`` are suspect graph inputs; noted nodes add their outputs.  A
     value is suspect only while a tangent flows (``reaches_output`` in the
     forward analysis): a comparison or ``Floor`` ends the taint.
     """
-    tainted: Dict[str, str] = dict(seeds)
+    tainted: dict[str, str] = dict(seeds)
     notes = fa.notes.get(UNFOLLOWED, {})
-    readers: List[Tuple[int, str]] = []
+    readers: list[tuple[int, str]] = []
     for node in range(graph.node_count()):
-        inherited = next((tainted[v] for v in graph.node_inputs(node)
-                          if v is not None and v in tainted), None)
+        inherited = next(
+            (tainted[v] for v in graph.node_inputs(node) if v is not None and v in tainted), None
+        )
         noted = notes.get(node)
         if inherited is None and noted is None:
             continue
@@ -77,15 +81,16 @@ def tainted_values(graph, fa, seeds: Dict[str, str]) -> Tuple[Dict[str, str], Li
     return tainted, readers
 
 
-def unguarded_sites(graph, fa, backward, seeds: Dict[str, str]) -> Tuple[Dict[str, str],
-                                                                          List[UnguardedSite]]:
+def unguarded_sites(
+    graph, fa, backward, seeds: dict[str, str]
+) -> tuple[dict[str, str], list[UnguardedSite]]:
     """(suspect values, unguarded sites): the operations that would need an
     output guard for a suspect input tangent, whose output's derivative is
     used (backward liveness reaches an output)."""
     tainted, readers = tainted_values(graph, fa, seeds)
     rules = fa.rules
-    sites: List[UnguardedSite] = []
-    seen: Set[int] = set()
+    sites: list[UnguardedSite] = []
+    seen: set[int] = set()
     for node, reason in readers:
         if node in seen:
             continue
@@ -100,16 +105,23 @@ def unguarded_sites(graph, fa, backward, seeds: Dict[str, str]) -> Tuple[Dict[st
                 continue
             if guards_output(backward, node, j):
                 seen.add(node)
-                sites.append(UnguardedSite(
-                    node, "forward mode: its input tangent comes through " + reason +
-                    "; a structurally zero tangent lane meeting an infinite derivative "
-                    "here is not guarded", Liveness(Level.PARTIAL)))
+                sites.append(
+                    UnguardedSite(
+                        node,
+                        "forward mode: its input tangent comes through "
+                        + reason
+                        + "; a structurally zero tangent lane meeting an infinite derivative "
+                        "here is not guarded",
+                        Liveness(Level.PARTIAL),
+                    )
+                )
                 break
     return tainted, sites
 
 
-def body_seeds(input_names: List[str], tangents: List[Liveness], suspect: List[bool],
-               where: str) -> Dict[str, str]:
+def body_seeds(
+    input_names: list[str], tangents: list[Liveness], suspect: list[bool], where: str
+) -> dict[str, str]:
     """Suspect inputs of a control-flow body: partly zero or already suspect
     tangents crossing the boundary (their masks live outside the body)."""
     seeds = {}
@@ -117,6 +129,8 @@ def body_seeds(input_names: List[str], tangents: List[Liveness], suspect: List[b
         # (an input zero in *every* lane is precise: the body's own analysis
         # sees it dead and guards what it reaches)
         if (bad and lv.reaches_output) or lv.is_partial:
-            seeds[name] = f"the boundary of {where} (a partly structurally zero tangent " \
-                          "enters the body, where its lanes are not known)"
+            seeds[name] = (
+                f"the boundary of {where} (a partly structurally zero tangent "
+                "enters the body, where its lanes are not known)"
+            )
     return seeds

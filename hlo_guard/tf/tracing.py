@@ -10,39 +10,41 @@ configuration ``convert_variables_to_constants_v2`` uses), with control flow
 library.  Fetch nodes are the inputs, the outputs and the control outputs
 (stateful operations such as variable updates must survive).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
-
-import tensorflow as tf
+from typing import Any
 
 from hlo_guard.tf import compat
-
 from hlo_guard.tf.inner_gradients import check_no_inner_gradient
 from hlo_guard.tf.locations import user_location
 
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 
+
 @dataclass
 class TracedFunction:
     """The user's function for one input signature, ready to import."""
-    concrete: Any                         # the ConcreteFunction
-    graph_def: Any                        # GraphDef with nested calls inlined
-    arg_names: List[str]                  # placeholder tensors of the flat arguments
-    captures: List[Tuple[Any, str]]       # (external tensor, internal placeholder name)
-    output_names: List[str]
-    control_output_names: List[str]
-    locations: Dict[str, str] = field(default_factory=dict)
+
+    concrete: Any  # the ConcreteFunction
+    graph_def: Any  # GraphDef with nested calls inlined
+    arg_names: list[str]  # placeholder tensors of the flat arguments
+    captures: list[tuple[Any, str]]  # (external tensor, internal placeholder name)
+    output_names: list[str]
+    control_output_names: list[str]
+    locations: dict[str, str] = field(default_factory=dict)
     #: locations of the ops of control-flow bodies, by body function name
-    body_locations: Dict[str, Dict[str, str]] = field(default_factory=dict)
+    body_locations: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def inline_calls(concrete, fetch: Sequence[str]):
     """The concrete function's GraphDef with every nested function call inlined."""
     graph_def = concrete.graph.as_graph_def()
     if not any(n.op in CALL_OPS for n in graph_def.node) and not any(
-            n.op in CALL_OPS for f in graph_def.library.function for n in f.node_def):
+        n.op in CALL_OPS for f in graph_def.library.function for n in f.node_def
+    ):
         return graph_def
     graph_def = compat.disable_lower_using_switch_merge(graph_def)
     for function in graph_def.library.function:
@@ -64,19 +66,27 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
     fetch = [t.name for t in graph.inputs] + outputs + control
     graph_def = inline_calls(concrete, fetch)
     python_fn = getattr(tf_fn, "python_function", tf_fn)
-    check_no_inner_gradient(concrete, graph_def, outputs + control,
-                            getattr(python_fn, "__qualname__", repr(python_fn)))
-    body_locations: Dict[str, Dict[str, str]] = {}
+    check_no_inner_gradient(
+        concrete, graph_def, outputs + control, getattr(python_fn, "__qualname__", repr(python_fn))
+    )
+    body_locations: dict[str, dict[str, str]] = {}
     locations = _locations(graph, body_locations)
-    return TracedFunction(concrete, graph_def, [t.name for t in arg_tensors], captures,
-                          outputs, control, locations, body_locations)
+    return TracedFunction(
+        concrete,
+        graph_def,
+        [t.name for t in arg_tensors],
+        captures,
+        outputs,
+        control,
+        locations,
+        body_locations,
+    )
 
 
-_BODY_GRAPH_ATTRS = ("_true_graph", "_false_graph", "_body_graph", "_cond_graph",
-                     "_branch_graphs")
+_BODY_GRAPH_ATTRS = ("_true_graph", "_false_graph", "_body_graph", "_cond_graph", "_branch_graphs")
 
 
-def _locations(graph, bodies: Dict[str, Dict[str, str]]) -> Dict[str, str]:
+def _locations(graph, bodies: dict[str, dict[str, str]]) -> dict[str, str]:
     """{op name: user location} of ``graph``; control-flow body graphs (which
     cond_v2/while_v2 cache on their ops) are filed under their function name."""
     found = {}
@@ -86,7 +96,7 @@ def _locations(graph, bodies: Dict[str, Dict[str, str]]) -> Dict[str, str]:
             found[op.name] = loc
         for attr in _BODY_GRAPH_ATTRS:
             sub = getattr(op, attr, None)
-            for g in (sub if isinstance(sub, (list, tuple)) else [sub]):
+            for g in sub if isinstance(sub, (list, tuple)) else [sub]:
                 if g is not None and hasattr(g, "get_operations") and g.name not in bodies:
                     bodies[g.name] = {}
                     bodies[g.name] = _locations(g, bodies)
@@ -105,6 +115,8 @@ def unsupported_reason(traced: TracedFunction) -> str:
     nodes = list(gd.node) + [n for f in gd.library.function for n in f.node_def]
     for n in nodes:
         if "_gradient_op_type" in n.attr:
-            return ("tf.custom_gradient in the function: its Python gradient refers to the "
-                    "original graph, so the function runs unguarded")
+            return (
+                "tf.custom_gradient in the function: its Python gradient refers to the "
+                "original graph, so the function runs unguarded"
+            )
     return ""

@@ -8,6 +8,7 @@
    taken path) is non-finite in the guarded derivative too -- implied by 2,
    checked on its own so a failure names the contract clause it breaks.
 """
+
 from __future__ import annotations
 
 import jax
@@ -30,11 +31,13 @@ def bits(a) -> np.ndarray:
 
 def assert_bitwise_equal(actual, expected, what):
     actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype, \
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
         f"{what}: {actual.shape}/{actual.dtype} != {expected.shape}/{expected.dtype}"
+    )
     if not np.array_equal(bits(actual), bits(expected)):
-        raise AssertionError(f"{what}: not bitwise identical\n  got      {actual!r}\n"
-                             f"  expected {expected!r}")
+        raise AssertionError(
+            f"{what}: not bitwise identical\n  got      {actual!r}\n  expected {expected!r}"
+        )
 
 
 def mismatches(actual, expected, rtol=RTOL, atol=ATOL) -> np.ndarray:
@@ -56,14 +59,18 @@ def mismatches(actual, expected, rtol=RTOL, atol=ATOL) -> np.ndarray:
 def assert_grads_match(actual, expected, what, rtol=RTOL, atol=ATOL):
     bad = mismatches(actual, expected, rtol, atol)
     if bad.any():
-        raise AssertionError(f"{what}: derivative differs from the oracle in lanes "
-                             f"{np.flatnonzero(bad).tolist()}\n  got    {np.asarray(actual)!r}"
-                             f"\n  oracle {np.asarray(expected)!r}")
+        raise AssertionError(
+            f"{what}: derivative differs from the oracle in lanes "
+            f"{np.flatnonzero(bad).tolist()}\n  got    {np.asarray(actual)!r}"
+            f"\n  oracle {np.asarray(expected)!r}"
+        )
 
 
 def describe(root, x, y) -> str:
-    return (f"program: {to_source(root)}\n  x = np.array({x.tolist()!r}, np.float32)"
-            f"\n  y = np.array({y.tolist()!r}, np.float32)")
+    return (
+        f"program: {to_source(root)}\n  x = np.array({x.tolist()!r}, np.float32)"
+        f"\n  y = np.array({y.tolist()!r}, np.float32)"
+    )
 
 
 def _note(message):
@@ -85,8 +92,14 @@ def check_program(root, x, y, *, jit=True, guard=None, guarded_jit=None):
     ``jax.jit`` checks plain JAX instead (which must fail on leaking programs --
     how the tests show the checks can fail)."""
     try:
-        _check(root, x, y, jit=jit, guard=guard or hlo_guard.guard,
-               guarded_jit=guarded_jit or hlo_guard.guarded_jit)
+        _check(
+            root,
+            x,
+            y,
+            jit=jit,
+            guard=guard or hlo_guard.guard,
+            guarded_jit=guarded_jit or hlo_guard.guarded_jit,
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{describe(root, x, y)}") from None
 
@@ -104,8 +117,9 @@ def _check(root, x, y, *, jit, guard, guarded_jit):
     assert_grads_match(gy, oy, "eager grad wrt y")
     for got, want, name in ((gx, ox, "x"), (gy, oy, "y")):
         hidden = ~np.isfinite(want) & np.isfinite(np.asarray(got))
-        assert not hidden.any(), \
+        assert not hidden.any(), (
             f"guard hid a taken-path singularity in d/d{name} lanes {np.flatnonzero(hidden)}"
+        )
 
     if jit:
         gj = guarded_jit(plain)

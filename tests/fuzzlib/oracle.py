@@ -22,17 +22,33 @@ genuinely live:
   lanes so the value is bit-for-bit the vectorised one (branch decisions
   downstream must see the same numbers).
 """
+
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fuzzlib.program import (BINARY, COMPARE, N, UNARY, Binary, Clip, Concat, Const,
-                             Gather, Leaf, Reduce, SetAt, Slice, Unary, Where)
+from fuzzlib.program import (
+    BINARY,
+    COMPARE,
+    UNARY,
+    Binary,
+    Clip,
+    Concat,
+    Const,
+    Gather,
+    Leaf,
+    N,
+    Reduce,
+    SetAt,
+    Slice,
+    Unary,
+    Where,
+)
 
 
 def _maximum(a, b):
@@ -72,7 +88,7 @@ def _reduce_choose(op, lanes):
 class LaneEvaluator:
     """Evaluates lanes on demand (memoised), so only taken branches run."""
 
-    def __init__(self, env: Dict[str, Sequence], dtype):
+    def __init__(self, env: dict[str, Sequence], dtype):
         self.env = env
         self.dtype = dtype
         self.memo = {}
@@ -127,7 +143,7 @@ class LaneEvaluator:
         raise TypeError(type(node).__name__)
 
 
-def evaluate(root, xs, ys, dtype=jnp.float32) -> List:
+def evaluate(root, xs, ys, dtype=jnp.float32) -> list:
     ev = LaneEvaluator({"x": list(xs), "y": list(ys)}, dtype)
     return [ev.lane(root, i) for i in range(root.length)]
 

@@ -13,10 +13,10 @@ The op tables below are shared by both interpreters (they name *what* to
 compute on the lanes that are computed); the selections -- the only place the
 two interpretations differ -- are written separately in each.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple, Union
 
 import jax.numpy as jnp
 from jax import lax
@@ -46,8 +46,8 @@ UNARY = {
     "sinh": jnp.sinh,
     "reciprocal": jnp.reciprocal,
     "square": jnp.square,
-    "cube": lambda a: a ** 3,
-    "inv_square": lambda a: a ** -2,
+    "cube": lambda a: a**3,
+    "inv_square": lambda a: a**-2,
     "abs": jnp.abs,
     "neg": jnp.negative,
     "sigmoid": lambda a: 1.0 / (1.0 + jnp.exp(-a)),
@@ -99,7 +99,7 @@ class Const:
 @dataclass(frozen=True)
 class Unary:
     op: str
-    a: "Node"
+    a: Node
 
     @property
     def length(self):
@@ -109,9 +109,10 @@ class Unary:
 @dataclass(frozen=True)
 class Binary:
     """``op`` in BINARY, or ``maximum``/``minimum`` (selections)."""
+
     op: str
-    a: "Node"
-    b: "Node"
+    a: Node
+    b: Node
 
     @property
     def length(self):
@@ -121,10 +122,10 @@ class Binary:
 @dataclass(frozen=True)
 class Where:
     cmp: str
-    left: "Node"
-    right: "Node"
-    then: "Node"
-    other: "Node"
+    left: Node
+    right: Node
+    then: Node
+    other: Node
 
     @property
     def length(self):
@@ -133,9 +134,9 @@ class Where:
 
 @dataclass(frozen=True)
 class Clip:
-    a: "Node"
-    lo: "Node"
-    hi: "Node"
+    a: Node
+    lo: Node
+    hi: Node
 
     @property
     def length(self):
@@ -145,7 +146,7 @@ class Clip:
 @dataclass(frozen=True)
 class Reduce:
     op: str
-    a: "Node"
+    a: Node
 
     @property
     def length(self):
@@ -154,7 +155,7 @@ class Reduce:
 
 @dataclass(frozen=True)
 class Slice:
-    a: "Node"
+    a: Node
     start: int
     stop: int
     step: int
@@ -167,8 +168,9 @@ class Slice:
 @dataclass(frozen=True)
 class Gather:
     """``a[jnp.array(idx)]``: lanes not in ``idx`` are dropped, repeats summed."""
-    a: "Node"
-    idx: Tuple[int, ...]
+
+    a: Node
+    idx: tuple[int, ...]
 
     @property
     def length(self):
@@ -177,8 +179,8 @@ class Gather:
 
 @dataclass(frozen=True)
 class Concat:
-    a: "Node"
-    b: "Node"
+    a: Node
+    b: Node
 
     @property
     def length(self):
@@ -188,16 +190,17 @@ class Concat:
 @dataclass(frozen=True)
 class SetAt:
     """``a.at[idx].set(b)``: the overwritten lanes of ``a`` are dead."""
-    a: "Node"
-    idx: Tuple[int, ...]  # distinct
-    b: "Node"  # length len(idx) or 1
+
+    a: Node
+    idx: tuple[int, ...]  # distinct
+    b: Node  # length len(idx) or 1
 
     @property
     def length(self):
         return self.a.length
 
 
-Node = Union[Leaf, Const, Unary, Binary, Where, Clip, Reduce, Slice, Gather, Concat, SetAt]
+Node = Leaf | Const | Unary | Binary | Where | Clip | Reduce | Slice | Gather | Concat | SetAt
 
 
 def children(node):
@@ -220,8 +223,10 @@ def to_source(node) -> str:
     if isinstance(node, Binary):
         return f"{node.op}({to_source(node.a)}, {to_source(node.b)})"
     if isinstance(node, Where):
-        return (f"jnp.where({node.cmp}({to_source(node.left)}, {to_source(node.right)}), "
-                f"{to_source(node.then)}, {to_source(node.other)})")
+        return (
+            f"jnp.where({node.cmp}({to_source(node.left)}, {to_source(node.right)}), "
+            f"{to_source(node.then)}, {to_source(node.other)})"
+        )
     if isinstance(node, Clip):
         return f"jnp.clip({to_source(node.a)}, {to_source(node.lo)}, {to_source(node.hi)})"
     if isinstance(node, Reduce):

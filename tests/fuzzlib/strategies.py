@@ -6,6 +6,7 @@ threshold -- and equal values are common, so predicates, ``maximum`` and
 ``clip`` hit ties and boundaries.  Trees mix elementwise ops (the singular ones
 included) with every kind of selection and lane-dropping operation.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,24 @@ import os
 import numpy as np
 from hypothesis import strategies as st
 
-from fuzzlib.program import (BINARY, COMPARE, N, REDUCE, UNARY, Binary, Clip, Concat,
-                             Const, Gather, Leaf, Reduce, SetAt, Slice, Unary, Where)
+from fuzzlib.program import (
+    BINARY,
+    COMPARE,
+    REDUCE,
+    UNARY,
+    Binary,
+    Clip,
+    Concat,
+    Const,
+    Gather,
+    Leaf,
+    N,
+    Reduce,
+    SetAt,
+    Slice,
+    Unary,
+    Where,
+)
 
 F32_MAX = float(np.finfo(np.float32).max)
 F32_TINY = float(np.finfo(np.float32).tiny)
@@ -25,8 +42,24 @@ F32_SUBNORMAL = float(np.nextafter(np.float32(0), np.float32(1)))
 # inlined library jits (``jnp.mean``) may not, so the *unguarded* program is not
 # even consistent with itself there (see test_fuzz_regressions).
 SPECIAL_INPUTS = [
-    0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, F32_MAX, -F32_MAX,
-    F32_TINY, -F32_TINY, 0.5, -0.5, 2.0, 1e-7, 88.8, -104.0, 1e20,
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    math.inf,
+    -math.inf,
+    math.nan,
+    F32_MAX,
+    -F32_MAX,
+    F32_TINY,
+    -F32_TINY,
+    0.5,
+    -0.5,
+    2.0,
+    1e-7,
+    88.8,
+    -104.0,
+    1e20,
 ]
 CONSTANTS = [0.0, 1.0, -1.0, 0.5, 2.0, -2.0, 3.0, 1e-30, 1e30, math.inf, -math.inf]
 
@@ -76,9 +109,16 @@ def nodes(draw, n, depth):
     if depth <= 0 or draw(st.integers(0, 7)) == 0:
         return _leafish(draw, n)
     sub = lambda m: draw(nodes(m, depth - 1))  # noqa: E731
-    kinds = ["unary"] * 4 + ["binary"] * 3 + ["maxmin"] * 3 + ["where"] * 4 + \
-        ["clip"] * 2 + ["slice", "gather", "setat"] + (["concat"] if n >= 2 else []) + \
-        (["reduce"] * 3 if n == 1 else [])
+    kinds = (
+        ["unary"] * 4
+        + ["binary"] * 3
+        + ["maxmin"] * 3
+        + ["where"] * 4
+        + ["clip"] * 2
+        + ["slice", "gather", "setat"]
+        + (["concat"] if n >= 2 else [])
+        + (["reduce"] * 3 if n == 1 else [])
+    )
     kind = draw(st.sampled_from(kinds))
     if kind == "unary":
         return Unary(draw(st.sampled_from(sorted(UNARY))), sub(n))
@@ -116,8 +156,7 @@ def nodes(draw, n, depth):
         k = draw(st.integers(1, n - 1))
         return Concat(sub(k), sub(n - k))
     if kind == "setat":
-        idx = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n,
-                                  unique=True)))
+        idx = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True)))
         blen = len(idx) if draw(st.booleans()) else 1
         return SetAt(sub(n), idx, sub(blen))
     raise AssertionError(kind)

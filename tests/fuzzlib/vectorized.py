@@ -4,12 +4,27 @@ This is what a user writes -- ``jnp.where`` computes both branches in every
 lane, ``jnp.maximum`` and ``jnp.clip`` differentiate both sides, indexing
 drops lanes -- and what ``hlo_guard.guard`` must make safe.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from fuzzlib.program import (BINARY, COMPARE, UNARY, Binary, Clip, Concat, Const,
-                             Gather, Leaf, Reduce, SetAt, Slice, Unary, Where)
+from fuzzlib.program import (
+    BINARY,
+    COMPARE,
+    UNARY,
+    Binary,
+    Clip,
+    Concat,
+    Const,
+    Gather,
+    Leaf,
+    Reduce,
+    SetAt,
+    Slice,
+    Unary,
+    Where,
+)
 
 
 def evaluate(node, env):
@@ -36,7 +51,7 @@ def evaluate(node, env):
     if isinstance(node, Reduce):
         return getattr(jnp, node.op)(ev(node.a), keepdims=True)
     if isinstance(node, Slice):
-        return ev(node.a)[node.start:node.stop:node.step]
+        return ev(node.a)[node.start : node.stop : node.step]
     if isinstance(node, Gather):
         return ev(node.a)[jnp.array(node.idx)]
     if isinstance(node, Concat):
@@ -48,6 +63,8 @@ def evaluate(node, env):
 
 def as_function(root):
     """``f(x, y) -> vector``: the program as an ordinary JAX function."""
+
     def program(x, y):
         return evaluate(root, {"x": x, "y": y})
+
     return program

@@ -1,7 +1,14 @@
 """The JAX rule table, keyed by primitive name (as JAX's own ``ad.primitive_jvps``)."""
-from passes.rules import RuleTable
 
-from hlo_guard.jax_frontend.rules import calls, elementwise, passthrough, pvary, selection, structural
+from hlo_guard.jax_frontend.rules import (
+    calls,
+    elementwise,
+    passthrough,
+    pvary,
+    selection,
+    structural,
+)
+from passes.rules import RuleTable
 
 RULES = RuleTable("jax")
 elementwise.register(RULES)

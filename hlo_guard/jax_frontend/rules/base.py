@@ -6,17 +6,17 @@ values it needs (predicates, operands, indices) through ``mctx.value``, which
 returns the value from the guarded evaluation when it already exists and
 computes it (unguarded, gradient-stopped) otherwise.
 """
+
 from __future__ import annotations
 
-from typing import Any, List, Sequence
-
-from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins,
-                            partial_by)
-from passes.masks import ALL, NONE
-from passes.masks import or_all as passes_or_all
-from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
+from collections.abc import Sequence
+from typing import Any
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
+from passes.masks import ALL
+from passes.masks import or_all as passes_or_all
+from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
 
 
 class JaxRule(Rule):
@@ -29,7 +29,7 @@ class JaxRule(Rule):
         atom = analysis.graph.eqns[node].invars[index]
         return not is_literal(atom) and is_inexact_aval(atom.aval)
 
-    def input_masks(self, mctx, node: int, eqn, out_masks: List[Any]) -> List[Any]:
+    def input_masks(self, mctx, node: int, eqn, out_masks: list[Any]) -> list[Any]:
         raise NotImplementedError(type(self).__name__)
 
     def item_inputs(self, eqn):
@@ -44,16 +44,16 @@ class JaxRule(Rule):
         zero: the same operations whose derivative may be non-finite."""
         return self.guards
 
-    def forward(self, fa, node, ins: Sequence[Liveness]) -> List[Liveness]:
+    def forward(self, fa, node, ins: Sequence[Liveness]) -> list[Liveness]:
         """Tangent liveness of the outputs; by default fully live (conservative)."""
         eqn = fa.graph.eqns[node]
         return [LIVE] * len(eqn.outvars)
 
-    def forward_masks(self, mctx, node: int, eqn, in_masks: List[Any]) -> List[Any]:
+    def forward_masks(self, mctx, node: int, eqn, in_masks: list[Any]) -> list[Any]:
         return [ALL] * len(eqn.outvars)
 
 
-def same_as_output(eqn, outs) -> List[Liveness]:
+def same_as_output(eqn, outs) -> list[Liveness]:
     lv = joined(outs)
     return [lv] * len(eqn.invars)
 
@@ -62,24 +62,24 @@ def aval_shape(atom):
     return tuple(getattr(atom.aval, "shape", ()))
 
 
-def diff_indices(eqn) -> List[int]:
-    return [i for i, v in enumerate(eqn.invars)
-            if not is_literal(v) and is_inexact_aval(v.aval)]
+def diff_indices(eqn) -> list[int]:
+    return [i for i, v in enumerate(eqn.invars) if not is_literal(v) and is_inexact_aval(v.aval)]
 
 
 def or_all(masks):
     """:func:`passes.masks.or_all` in JAX's mask algebra."""
     from hlo_guard.jax_frontend.mask_ops import ALGEBRA
+
     return passes_or_all(ALGEBRA, masks)
 
 
-def forward_join(fa, node, ins) -> List[Liveness]:
+def forward_join(fa, node, ins) -> list[Liveness]:
     """OR over inputs: a lane's tangent may be non-zero if any input's may."""
     eqn = fa.graph.eqns[node]
     return [join_all(ins)] * len(eqn.outvars)
 
 
-def forward_placed(fa, node, ins) -> List[Liveness]:
+def forward_placed(fa, node, ins) -> list[Liveness]:
     """Inputs placed side by side (concatenate, pad, select): the output is
     fully live only if every floating input (literals included) is.  The
     origins are those of the inputs' dead lanes; this node is named too when

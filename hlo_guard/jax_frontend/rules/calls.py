@@ -13,22 +13,22 @@
   boundaries; dead lanes arriving at the boundary from outside are reported,
   not followed (conservative).
 """
+
 from __future__ import annotations
 
 import weakref
 
-from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
-from passes.masks import NONE
-
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
+from passes.masks import NONE
 
 _STRUCTURE_NOTE = "_custom_call_structure"
 
 #: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
 #: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
-_RISKY_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_RISKY_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def body_is_risky(jaxpr) -> bool:
@@ -57,8 +57,7 @@ def body_is_risky(jaxpr) -> bool:
 def constant_body_inputs(graph, args, body):
     """The inputs of ``body`` that hold constants: its own closed-over consts and
     the parameters the caller passes a constant (literal ``0.1`` into ``clip``)."""
-    return list(body.constvars) + [v for v, a in zip(body.invars, args)
-                                   if graph.is_constant(a)]
+    return list(body.constvars) + [v for v, a in zip(body.invars, args) if graph.is_constant(a)]
 
 
 def open_jaxpr(obj):
@@ -101,8 +100,11 @@ class Call(JaxRule):
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(analysis.graph.scope, eqn),
-                           constant_body_inputs(analysis.graph, eqn.invars, body))
+        graph = JaxprGraph(
+            body,
+            scope_name(analysis.graph.scope, eqn),
+            constant_body_inputs(analysis.graph, eqn.invars, body),
+        )
         sub = analysis.analyze_sub(node, 0, graph, outs)
         return [sub.value_liveness(v) for v in body.invars]
 
@@ -116,11 +118,11 @@ class Call(JaxRule):
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(body, scope_name(fa.graph.scope, eqn),
-                           constant_body_inputs(fa.graph, eqn.invars, body))
+        graph = JaxprGraph(
+            body, scope_name(fa.graph.scope, eqn), constant_body_inputs(fa.graph, eqn.invars, body)
+        )
         sub = fa.analyze_sub(node, 0, graph, list(ins) + [LIVE] * len(body.constvars))
-        return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE
-                for v in body.outvars]
+        return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE for v in body.outvars]
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         body, _ = body_of(eqn)
@@ -146,6 +148,7 @@ class ControlFlow(JaxRule):
     Operands always come out fully live: dead lanes found inside a body are
     not followed back out to operations before the loop or branch (reported).
     """
+
     kind = "control-flow"
 
     def transfer(self, analysis, node, outs):
@@ -154,9 +157,13 @@ class ControlFlow(JaxRule):
         name = eqn.primitive.name
         noted = False
         for k, (body, _) in enumerate(control_bodies(eqn)):
-            graph = JaxprGraph(body, f"{scope_name(analysis.graph.scope, eqn)}[{k}]",
-                               constant_body_inputs(analysis.graph, eqn.invars[1:], body)
-                               if name == "cond" else body.constvars)
+            graph = JaxprGraph(
+                body,
+                f"{scope_name(analysis.graph.scope, eqn)}[{k}]",
+                constant_body_inputs(analysis.graph, eqn.invars[1:], body)
+                if name == "cond"
+                else body.constvars,
+            )
             if name == "cond":
                 body_outs = list(outs)
             elif name == "scan":
@@ -165,23 +172,32 @@ class ControlFlow(JaxRule):
             else:
                 body_outs = [LIVE] * len(body.outvars)
             sub = analysis.analyze_sub(node, k, graph, body_outs)
-            dead_inside = [sub.value_liveness(v) for v in body.invars
-                           if not sub.value_liveness(v).is_live
-                           and sub.value_liveness(v).reaches_output]
+            dead_inside = [
+                sub.value_liveness(v)
+                for v in body.invars
+                if not sub.value_liveness(v).is_live and sub.value_liveness(v).reaches_output
+            ]
             if dead_inside and not noted:
                 noted = True
                 analysis.note_unreached(
-                    node, f"{name} operands: lanes dead inside the body are guarded there, "
-                          "but not followed back to operations before the "
-                          f"{name}", dead_inside[0])
+                    node,
+                    f"{name} operands: lanes dead inside the body are guarded there, "
+                    "but not followed back to operations before the "
+                    f"{name}",
+                    dead_inside[0],
+                )
         if name in ("while", "shard_map") and out.reaches_output and not out.is_live:
             analysis.note_unreached(
-                node, f"{name} boundary: dead lanes of its outputs are not followed into "
-                      "its body (inputs kept fully live)", out)
+                node,
+                f"{name} boundary: dead lanes of its outputs are not followed into "
+                "its body (inputs kept fully live)",
+                out,
+            )
         return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
 
     def input_masks(self, mctx, node, eqn, out_masks):
         from passes.masks import ALL
+
         return [ALL] * len(eqn.invars)
 
     def guards_output(self, analysis, node, index):
@@ -222,6 +238,7 @@ class CustomCall(JaxRule):
     from the body's liveness, as for a plain call (the body is still never
     rewritten; only the call's inputs are guarded).
     """
+
     kind = "custom-call"
     guards = True
 
@@ -250,8 +267,9 @@ class CustomCall(JaxRule):
         return [sub.value_liveness(v).without_partition() for v in body.invars]
 
     def input_masks(self, mctx, node, eqn, out_masks):
-        from passes.masks import ALL
         from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
+        from passes.masks import ALL
+
         if not is_lanewise_call(eqn):
             if is_selection_free_call(eqn) and (node, 0) in mctx.analysis.subs:
                 return self._structure.input_masks(mctx, node, eqn, out_masks)
@@ -259,15 +277,22 @@ class CustomCall(JaxRule):
             if sub is None:
                 return [ALL] * len(eqn.invars)
             from hlo_guard.jax_frontend.interpreter import Scope
+
             body, consts = body_of(eqn)
-            child = Scope(sub, consts, [], list(out_masks), parent=mctx,
-                          parent_inputs=dict(zip(body.invars, eqn.invars)))
-            return LazyMasks(lambda i: child.resolver.value_mask(body.invars[i]),
-                             len(body.invars))
+            child = Scope(
+                sub,
+                consts,
+                [],
+                list(out_masks),
+                parent=mctx,
+                parent_inputs=dict(zip(body.invars, eqn.invars)),
+            )
+            return LazyMasks(lambda i: child.resolver.value_mask(body.invars[i]), len(body.invars))
         shape = tuple(eqn.outvars[0].aval.shape)
         out = or_all(broadcast_to(m, shape) for m in out_masks)
-        return LazyMasks(lambda i: reduce_to_shape(out, shape, tuple(eqn.invars[i].aval.shape)),
-                         len(eqn.invars))
+        return LazyMasks(
+            lambda i: reduce_to_shape(out, shape, tuple(eqn.invars[i].aval.shape)), len(eqn.invars)
+        )
 
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
@@ -279,14 +304,15 @@ class CustomCall(JaxRule):
         if joined_in.reaches_output and _rule_may_zero_lanes(eqn):
             # relu: the rule's tangent is an exact zero where the body selects
             # the constant; which lanes those are, only the rule can tell
-            joined_in = Liveness(Level.PARTIAL,
-                                 merge_origins(joined_in.origins, ())).with_origin(
-                fa.graph.origin(node))
+            joined_in = Liveness(Level.PARTIAL, merge_origins(joined_in.origins, ())).with_origin(
+                fa.graph.origin(node)
+            )
         return [joined_in] * len(eqn.outvars)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
-        from passes.masks import ALL
         from hlo_guard.jax_frontend.mask_ops import broadcast_to
+        from passes.masks import ALL
+
         if not is_lanewise_call(eqn):
             if is_selection_free_call(eqn):
                 return self._structure.forward_masks(mctx, node, eqn, in_masks)
@@ -324,18 +350,25 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     and a lane is structurally zero iff every ``c_k`` there is exactly 0 (a
     NaN/inf ``c_k`` counts as live: a genuine singularity stays visible)."""
     import jax
+
     from hlo_guard.jax_frontend.graph import is_inexact_aval
     from hlo_guard.jax_frontend.interpreter import bind_eqn, stop_if_inexact
     from hlo_guard.jax_frontend.mask_ops import materialize, normalize
+
     vals = [stop_if_inexact(mctx.value(v)) for v in eqn.invars]
-    diff = [k for k, v in enumerate(eqn.invars)
-            if not is_literal(v) and is_inexact_aval(v.aval) and in_masks[k] is not NONE]
+    diff = [
+        k
+        for k, v in enumerate(eqn.invars)
+        if not is_literal(v) and is_inexact_aval(v.aval) and in_masks[k] is not NONE
+    ]
     found = [None] * len(eqn.outvars)
     for k in diff:
+
         def of_k(xk, k=k):
             args = list(vals)
             args[k] = xk
             return bind_eqn(eqn, args)
+
         aval = eqn.invars[k].aval
         tangent = materialize(in_masks[k], tuple(aval.shape))
         tangent = jax.numpy.asarray(tangent).astype(aval.dtype)
@@ -379,6 +412,7 @@ def _selection_free(jaxpr) -> bool:
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
     from hlo_guard.jax_frontend.rules import RULES
+
     ok = True
     for e in jaxpr.eqns:
         name = e.primitive.name
@@ -386,8 +420,11 @@ def _selection_free(jaxpr) -> bool:
             ok = _selection_free(body_of(e)[0])
         else:
             rule = RULES.get(name)
-            ok = rule is not None and rule.kind in _STRUCTURE_KINDS \
+            ok = (
+                rule is not None
+                and rule.kind in _STRUCTURE_KINDS
                 and not getattr(rule, "value_dependent", False)
+            )
         if not ok:
             break
     _SELECTION_FREE_CACHE[key] = (jaxpr, ok)
@@ -396,7 +433,7 @@ def _selection_free(jaxpr) -> bool:
 
 _LANEWISE_KINDS = ("elementwise", "zero-derivative")
 _LANEWISE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim"}
-_LANEWISE_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # jaxpr -> {shape: bool}
+_LANEWISE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> {shape: bool}
 
 
 def is_lanewise_call(eqn) -> bool:
@@ -450,7 +487,6 @@ _TABLE: list = []
 
 def register(table):
     _TABLE[:] = [table]
-    table.register(["jit", "closed_call", "remat2"],
-                   Call(guards=False))
+    table.register(["jit", "closed_call", "remat2"], Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
     table.register(["cond", "while", "scan", "shard_map"], ControlFlow())

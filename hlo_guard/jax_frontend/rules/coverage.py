@@ -8,51 +8,170 @@ of the installed JAX are *meant* to stay that way, so that
 ``tests/test_rule_coverage.py`` can tell a deliberate gap from a forgotten
 one (a new JAX primitive shows up there as unruled and unlisted).
 """
+
 from __future__ import annotations
 
-_LINALG = ("linear algebra: every input lane may feed every output lane and the "
-           "derivative mixes them; kept fully live")
-_COLLECTIVE = ("collective inside shard_map/pmap: lanes move between devices; a per-device "
-               "mask cannot describe them, kept fully live")
-_GENERIC_REDUCTION = ("generic reduction/window with a user computation: its structure is not "
-                      "known, kept fully live")
+_LINALG = (
+    "linear algebra: every input lane may feed every output lane and the "
+    "derivative mixes them; kept fully live"
+)
+_COLLECTIVE = (
+    "collective inside shard_map/pmap: lanes move between devices; a per-device "
+    "mask cannot describe them, kept fully live"
+)
+_GENERIC_REDUCTION = (
+    "generic reduction/window with a user computation: its structure is not known, kept fully live"
+)
 _OPAQUE = "opaque to the pass (foreign code or a user-defined rule); kept fully live"
 _NO_FLOAT = "carries no floating-point derivative; nothing to guard"
 _STATE = "mutable state (Refs) and effects: not followed; kept fully live"
 
 CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
-    **{name: _LINALG for name in (
-        "cholesky", "cholesky_update", "eig", "eigh", "lu", "qr", "geqrf", "geqp3",
-        "householder_product", "ormqr", "svd", "schur", "hessenberg",
-        "triangular_solve", "tridiagonal", "tridiagonal_solve", "symmetric_product")},
-    **{name: _COLLECTIVE for name in (
-        "psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", "reduce_scatter",
-        "psum_invariant", "all_gather_invariant", "pbroadcast", "ragged_all_to_all",
-        "all_gather_reduced", "preduced", "unreduced_psum", "unreduced_reduce_scatter",
-        "reduced_vary_cast_p", "vary_unreduced_cast_p", "psend", "precv",
-        # asynchronous halves of the collectives above
-        "all_gather_start", "all_gather_done", "all_gather_reduced_start", "all_to_all_start",
-        "all_to_all_done", "pbroadcast_start", "pbroadcast_done", "ppermute_start",
-        "ppermute_done", "psum_start", "psum_done", "psum_invariant_start",
-        "reduce_scatter_start", "reduce_scatter_done", "unreduced_psum_start",
-        "unreduced_reduce_scatter_start")},
-    **{name: _GENERIC_REDUCTION for name in (
-        "reduce", "reduce_window", "select_and_scatter", "select_and_scatter_add",
-        "select_and_gather_add", "scatter-mul", "scatter-max", "scatter-min",
-        "approx_top_k", "ragged_dot_general", "scaled_dot")},
-    **{name: _OPAQUE for name in (
-        "pure_callback", "io_callback", "debug_callback", "ffi_call", "custom_linear_solve",
-        "linear_call", "custom_partitioning", "custom_vmap_call", "custom_jvp_call_jaxpr",
-        "custom_lin", "remat_opt", "call_exported", "composite", "compute_on",
-        "random_gamma", "call", "buffer_callback", "eval_jaxpr", "stage",
-        "call_hi_primitive")},
-    **{name: _NO_FLOAT for name in (
-        "debug_print", "inspect_sharding", "axis_index", "mulhi", "create_token", "after_all",
-        "platform_index", "shape_assertion", "dim_as_value", "dimension_size", "check",
-        "random_clone", "iota_2x32_shape", "threefry4x32", "philox2x32", "philox4x32",
-        "empty", "empty2", "dce_sink", "tie", "xla_metadata_value",
-        "to_edtype", "from_edtype", "unreachable")},
-    **{name: _STATE for name in (
-        "get", "swap", "addupdate", "run_state", "new_ref", "empty_ref", "free_ref",
-        "freeze", "accum_grad_in_ref")},
+    **{
+        name: _LINALG
+        for name in (
+            "cholesky",
+            "cholesky_update",
+            "eig",
+            "eigh",
+            "lu",
+            "qr",
+            "geqrf",
+            "geqp3",
+            "householder_product",
+            "ormqr",
+            "svd",
+            "schur",
+            "hessenberg",
+            "triangular_solve",
+            "tridiagonal",
+            "tridiagonal_solve",
+            "symmetric_product",
+        )
+    },
+    **{
+        name: _COLLECTIVE
+        for name in (
+            "psum",
+            "pmax",
+            "pmin",
+            "all_gather",
+            "all_to_all",
+            "ppermute",
+            "reduce_scatter",
+            "psum_invariant",
+            "all_gather_invariant",
+            "pbroadcast",
+            "ragged_all_to_all",
+            "all_gather_reduced",
+            "preduced",
+            "unreduced_psum",
+            "unreduced_reduce_scatter",
+            "reduced_vary_cast_p",
+            "vary_unreduced_cast_p",
+            "psend",
+            "precv",
+            # asynchronous halves of the collectives above
+            "all_gather_start",
+            "all_gather_done",
+            "all_gather_reduced_start",
+            "all_to_all_start",
+            "all_to_all_done",
+            "pbroadcast_start",
+            "pbroadcast_done",
+            "ppermute_start",
+            "ppermute_done",
+            "psum_start",
+            "psum_done",
+            "psum_invariant_start",
+            "reduce_scatter_start",
+            "reduce_scatter_done",
+            "unreduced_psum_start",
+            "unreduced_reduce_scatter_start",
+        )
+    },
+    **{
+        name: _GENERIC_REDUCTION
+        for name in (
+            "reduce",
+            "reduce_window",
+            "select_and_scatter",
+            "select_and_scatter_add",
+            "select_and_gather_add",
+            "scatter-mul",
+            "scatter-max",
+            "scatter-min",
+            "approx_top_k",
+            "ragged_dot_general",
+            "scaled_dot",
+        )
+    },
+    **{
+        name: _OPAQUE
+        for name in (
+            "pure_callback",
+            "io_callback",
+            "debug_callback",
+            "ffi_call",
+            "custom_linear_solve",
+            "linear_call",
+            "custom_partitioning",
+            "custom_vmap_call",
+            "custom_jvp_call_jaxpr",
+            "custom_lin",
+            "remat_opt",
+            "call_exported",
+            "composite",
+            "compute_on",
+            "random_gamma",
+            "call",
+            "buffer_callback",
+            "eval_jaxpr",
+            "stage",
+            "call_hi_primitive",
+        )
+    },
+    **{
+        name: _NO_FLOAT
+        for name in (
+            "debug_print",
+            "inspect_sharding",
+            "axis_index",
+            "mulhi",
+            "create_token",
+            "after_all",
+            "platform_index",
+            "shape_assertion",
+            "dim_as_value",
+            "dimension_size",
+            "check",
+            "random_clone",
+            "iota_2x32_shape",
+            "threefry4x32",
+            "philox2x32",
+            "philox4x32",
+            "empty",
+            "empty2",
+            "dce_sink",
+            "tie",
+            "xla_metadata_value",
+            "to_edtype",
+            "from_edtype",
+            "unreachable",
+        )
+    },
+    **{
+        name: _STATE
+        for name in (
+            "get",
+            "swap",
+            "addupdate",
+            "run_state",
+            "new_ref",
+            "empty_ref",
+            "free_ref",
+            "freeze",
+            "accum_grad_in_ref",
+        )
+    },
 }

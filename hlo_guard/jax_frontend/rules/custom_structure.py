@@ -16,6 +16,7 @@ A body holding anything else (slices, gathers, scatters, control flow,
 unknown operations) is not followed: the call's inputs stay fully live, as
 before (conservative, reported by the caller's rule).
 """
+
 from __future__ import annotations
 
 import weakref
@@ -26,9 +27,21 @@ from passes.rules import RuleTable
 
 #: primitives whose lane structure a custom call's body may use (beyond
 #: elementwise and zero-derivative operations, identities and nested calls)
-STRUCTURE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim", "reshape",
-                   "squeeze", "transpose", "reduce_sum", "reduce_max", "reduce_min",
-                   "reduce_prod", "dot_general"}
+STRUCTURE_PRIMS = {
+    "select_n",
+    "max",
+    "min",
+    "clamp",
+    "broadcast_in_dim",
+    "reshape",
+    "squeeze",
+    "transpose",
+    "reduce_sum",
+    "reduce_max",
+    "reduce_min",
+    "reduce_prod",
+    "dot_general",
+}
 _FOLLOWED_KINDS = ("elementwise", "zero-derivative", "identity")
 _TABLE = []
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> bool
@@ -40,6 +53,7 @@ def structure_rules() -> RuleTable:
         from hlo_guard.jax_frontend.rules import RULES
         from hlo_guard.jax_frontend.rules.elementwise import Elementwise
         from hlo_guard.jax_frontend.rules.structural import Structural, _as_reduce_sum
+
         table = RuleTable("jax-custom-structure")
         for name in RULES.names():
             table.register(name, RULES.get(name))
@@ -57,6 +71,7 @@ def body_structure_known(jaxpr) -> bool:
         return hit
     from hlo_guard.jax_frontend.rules import RULES
     from hlo_guard.jax_frontend.rules.calls import CALL_BODY_PARAM, body_of
+
     ok = True
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name

@@ -11,18 +11,22 @@ everything else.  Only operations whose derivative is a finite constant (add,
 sub, neg, conversions, real/imag/conj) pass an exact zero cotangent through
 unchanged and need none; the mask still flows through them.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 import passes.rules as passes_rules
-from passes.lattice import NO_DERIVATIVE
-
 from hlo_guard.jax_frontend.graph import is_literal
-
 from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
-from hlo_guard.jax_frontend.rules.base import (JaxRule, LazyMasks, aval_shape, forward_join,
-                                                or_all, same_as_output)
+from hlo_guard.jax_frontend.rules.base import (
+    JaxRule,
+    LazyMasks,
+    aval_shape,
+    forward_join,
+    or_all,
+    same_as_output,
+)
 
 
 class Elementwise(JaxRule):
@@ -37,8 +41,9 @@ class Elementwise(JaxRule):
     def input_masks(self, mctx, node, eqn, out_masks):
         out = or_all(out_masks)
         out_shape = aval_shape(eqn.outvars[0])
-        return LazyMasks(lambda i: reduce_to_shape(out, out_shape, aval_shape(eqn.invars[i])),
-                         len(eqn.invars))
+        return LazyMasks(
+            lambda i: reduce_to_shape(out, out_shape, aval_shape(eqn.invars[i])), len(eqn.invars)
+        )
 
     def broadcast_operand_mask(self, mctx, node, eqn, index, out_masks):
         """The mask of input ``index`` at the *output's* shape, for an operand the
@@ -76,29 +81,108 @@ class ZeroDerivative(passes_rules.ZeroDerivative, JaxRule):
 
 # Derivative is a finite constant: a zero cotangent stays exactly zero.
 LINEAR_ELEMENTWISE = [
-    "add", "sub", "neg", "add_any", "convert_element_type",
-    "reduce_precision", "real", "imag", "complex", "conj",
+    "add",
+    "sub",
+    "neg",
+    "add_any",
+    "convert_element_type",
+    "reduce_precision",
+    "real",
+    "imag",
+    "complex",
+    "conj",
 ]
 
 # Local derivative may be non-finite (or is another operand that may be).
 NONLINEAR_ELEMENTWISE = [
-    "mul", "div", "rem", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt",
-    "exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "tan", "sin",
-    "cos", "sinh", "cosh", "asin", "acos", "atan", "asinh", "acosh", "atanh",
-    "atan2", "abs", "erf", "erfc", "erf_inv", "lgamma", "digamma", "igamma",
-    "igammac", "igamma_grad_a", "polygamma", "zeta", "bessel_i0e", "bessel_i1e",
-    "regularized_incomplete_beta", "nextafter",
+    "mul",
+    "div",
+    "rem",
+    "pow",
+    "integer_pow",
+    "square",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log1p",
+    "logistic",
+    "tanh",
+    "tan",
+    "sin",
+    "cos",
+    "sinh",
+    "cosh",
+    "asin",
+    "acos",
+    "atan",
+    "asinh",
+    "acosh",
+    "atanh",
+    "atan2",
+    "abs",
+    "erf",
+    "erfc",
+    "erf_inv",
+    "lgamma",
+    "digamma",
+    "igamma",
+    "igammac",
+    "igamma_grad_a",
+    "polygamma",
+    "zeta",
+    "bessel_i0e",
+    "bessel_i1e",
+    "regularized_incomplete_beta",
+    "nextafter",
 ]
 
 ZERO_DERIVATIVE = [
-    "eq", "ne", "lt", "le", "gt", "ge", "eq_to", "lt_to", "le_to",
-    "sign", "floor", "ceil", "round", "is_finite", "stop_gradient",
-    "and", "or", "not", "xor", "shift_left", "shift_right_arithmetic",
-    "shift_right_logical", "population_count", "clz", "argmax", "argmin",
-    "iota", "reduce_and", "reduce_or", "reduce_xor", "random_bits",
-    "random_seed", "random_wrap", "random_unwrap", "random_fold_in",
-    "random_split", "threefry2x32", "rng_bit_generator", "rng_uniform",
-    "bitcast_convert_type", "lu_pivots_to_permutation", "zeros_like",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "eq_to",
+    "lt_to",
+    "le_to",
+    "sign",
+    "floor",
+    "ceil",
+    "round",
+    "is_finite",
+    "stop_gradient",
+    "and",
+    "or",
+    "not",
+    "xor",
+    "shift_left",
+    "shift_right_arithmetic",
+    "shift_right_logical",
+    "population_count",
+    "clz",
+    "argmax",
+    "argmin",
+    "iota",
+    "reduce_and",
+    "reduce_or",
+    "reduce_xor",
+    "random_bits",
+    "random_seed",
+    "random_wrap",
+    "random_unwrap",
+    "random_fold_in",
+    "random_split",
+    "threefry2x32",
+    "rng_bit_generator",
+    "rng_uniform",
+    "bitcast_convert_type",
+    "lu_pivots_to_permutation",
+    "zeros_like",
 ]
 
 

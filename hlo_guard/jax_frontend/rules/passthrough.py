@@ -10,6 +10,7 @@ zero: no guard is needed, the masks just flow through.  Without a rule they
 would be opaque (fully live), and one ``jax.device_put`` between a ``sqrt`` and
 its ``where`` would silently switch every guard off.
 """
+
 from __future__ import annotations
 
 from hlo_guard.jax_frontend.rules.base import JaxRule
@@ -34,8 +35,15 @@ class PassThrough(JaxRule):
 
 #: one operand per output, output i is operand i (values unchanged)
 PASS_THROUGH = [
-    "device_put", "sharding_constraint", "reshard", "pvary", "copy",
-    "optimization_barrier", "shard_alike", "name", "layout_constraint",
+    "device_put",
+    "sharding_constraint",
+    "reshard",
+    "pvary",
+    "copy",
+    "optimization_barrier",
+    "shard_alike",
+    "name",
+    "layout_constraint",
 ]
 
 

@@ -11,6 +11,7 @@ as the other devices' dead lanes are summed into the cotangent.  The OR is a
 small collective in the forward program, built only when a guard before the
 ``pvary`` needs it.
 """
+
 from __future__ import annotations
 
 import jax
@@ -28,6 +29,7 @@ class PVary(PassThrough):
 
 def or_over_axes(mask, axes):
     from hlo_guard.jax_frontend.mask_ops import normalize
+
     if mask is ALL or not isinstance(mask, jax.core.Tracer):
         return mask  # ALL, NONE and trace-time masks are the same on every device
     varying = getattr(getattr(jax.typeof(mask), "manual_axis_type", None), "varying", ())

@@ -15,24 +15,32 @@ lane JAX differentiates must never be marked dead:
 * ``reduce_max``/``reduce_min``: location indicators ``x == max`` (ties share),
   multiplied -- guarded.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
+from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.mask_ops import and_, broadcast_to, normalize, reduce_to_shape, xp
+from hlo_guard.jax_frontend.rules.base import (
+    JaxRule,
+    LazyMasks,
+    aval_shape,
+    dropping,
+    forward_placed,
+    joined,
+    or_all,
+)
 from passes.lattice import NO_DERIVATIVE, case_of, dead_by, partial_by
 from passes.masks import ALL, NONE
-
-from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
-from hlo_guard.jax_frontend.mask_ops import (and_, broadcast_to, normalize,
-                                              reduce_to_shape, xp)
-from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, dropping,
-                                                LazyMasks, forward_placed, joined, or_all)
 
 
 def _chosen_forward(chosen_masks, in_masks, shape):
     """OR over operands of (operand chosen) AND (operand's tangent live)."""
-    return or_all(and_(normalize(broadcast_to(c, shape)), broadcast_to(m, shape), shape)
-                  for c, m in zip(chosen_masks, in_masks))
+    return or_all(
+        and_(normalize(broadcast_to(c, shape)), broadcast_to(m, shape), shape)
+        for c, m in zip(chosen_masks, in_masks)
+    )
 
 
 def forward_chosen(fa, node, ins):
@@ -79,6 +87,7 @@ class SelectN(JaxRule):
                 return NONE
             chosen = self._case_chosen(mctx, eqn, i - 1)
             return and_(out, normalize(broadcast_to(chosen, shape)), shape)
+
         return LazyMasks(case_mask, len(eqn.invars))
 
     @staticmethod
@@ -108,6 +117,7 @@ class SelectN(JaxRule):
 
 class MaxMin(JaxRule):
     """``max``/``min``: live where the operand equals the result (ties: both)."""
+
     kind = "selection"
     guards = True
 
@@ -173,9 +183,14 @@ class Clamp(JaxRule):
         out = out_masks[0]
         shape = aval_shape(eqn.outvars[0])
         chosen = _clamp_chosen(mctx, eqn)
-        return LazyMasks(lambda i: reduce_to_shape(
-            and_(out, normalize(broadcast_to(chosen[i](), shape)), shape),
-            shape, aval_shape(eqn.invars[i])), 3)
+        return LazyMasks(
+            lambda i: reduce_to_shape(
+                and_(out, normalize(broadcast_to(chosen[i](), shape)), shape),
+                shape,
+                aval_shape(eqn.invars[i]),
+            ),
+            3,
+        )
 
     def broadcast_operand_mask(self, mctx, node, eqn, index, out_masks):
         shape = aval_shape(eqn.outvars[0])
@@ -193,6 +208,7 @@ class Clamp(JaxRule):
 
 class ReduceChooser(JaxRule):
     """``reduce_max``/``reduce_min``: live where the element equals the result."""
+
     kind = "selection"
     guards = True
 
@@ -216,8 +232,11 @@ class ReduceChooser(JaxRule):
         return [and_(out, chosen, in_shape)]
 
     def forward(self, fa, node, ins):
-        return [ins[0] if ins[0].is_live or not ins[0].reaches_output
-                else partial_by(fa.graph.origin(node), ins[0])]
+        return [
+            ins[0]
+            if ins[0].is_live or not ins[0].reaches_output
+            else partial_by(fa.graph.origin(node), ins[0])
+        ]
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         tin = in_masks[0]

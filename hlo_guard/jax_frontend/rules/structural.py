@@ -14,23 +14,27 @@ When the output masks and the index operands are known at trace time the VJP
 is evaluated eagerly (``jax.ensure_compile_time_eval``) and the mask stays a
 numpy constant: slicing a literal never costs a traced op.
 """
+
 from __future__ import annotations
 
-from typing import Callable, List
+from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import passes.rules as passes_rules
-from passes.lattice import LIVE, NO_DERIVATIVE
-from passes.masks import ALL, NONE
-
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.mask_ops import is_static, materialize, normalize, xp
-from hlo_guard.jax_frontend.rules.base import (JaxRule, aval_shape, diff_indices,
-                                                dropping, forward_join, forward_placed,
-                                                joined)
+from hlo_guard.jax_frontend.rules.base import (
+    JaxRule,
+    aval_shape,
+    diff_indices,
+    forward_join,
+    forward_placed,
+    joined,
+)
+from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.masks import ALL, NONE
 
 
 def _never(eqn, i):
@@ -48,11 +52,18 @@ class Structural(passes_rules.StructuralTransfer, JaxRule):
     (a slice, a gather, an overwritten region); only then does a fully live
     output make the input partly dead.
     """
+
     kind = "structural"
 
-    def __init__(self, drops: Callable = _never, *, guards: bool = False,
-                 value_dependent: bool = False, bilinear: bool = False,
-                 seed: Callable | None = None):
+    def __init__(
+        self,
+        drops: Callable = _never,
+        *,
+        guards: bool = False,
+        value_dependent: bool = False,
+        bilinear: bool = False,
+        seed: Callable | None = None,
+    ):
         self.drops = drops
         self.guards = guards
         self.value_dependent = value_dependent
@@ -67,8 +78,14 @@ class Structural(passes_rules.StructuralTransfer, JaxRule):
         return not is_literal(v) and is_inexact_aval(v.aval)
 
     def input_masks(self, mctx, node, eqn, out_masks):
-        return transpose_masks(mctx, eqn, out_masks, value_dependent=self.value_dependent,
-                               bilinear=self.bilinear, seed=self.seed)
+        return transpose_masks(
+            mctx,
+            eqn,
+            out_masks,
+            value_dependent=self.value_dependent,
+            bilinear=self.bilinear,
+            seed=self.seed,
+        )
 
     def forward(self, fa, node, ins):
         if self.bilinear:
@@ -76,8 +93,14 @@ class Structural(passes_rules.StructuralTransfer, JaxRule):
         return forward_placed(fa, node, ins)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
-        return tangent_masks(mctx, eqn, in_masks, value_dependent=self.value_dependent,
-                             bilinear=self.bilinear, seed=self.seed)
+        return tangent_masks(
+            mctx,
+            eqn,
+            in_masks,
+            value_dependent=self.value_dependent,
+            bilinear=self.bilinear,
+            seed=self.seed,
+        )
 
 
 def _float_seed(mask, aval):
@@ -106,8 +129,10 @@ class _LinearProbe:
         self.diff = diff_indices(eqn)
         self.bilinear = bilinear
         self.value_dependent = value_dependent
-        self.vals = [self._zeros(i) if i in self.diff and not value_dependent
-                     else mctx.value(v) for i, v in enumerate(eqn.invars)]
+        self.vals = [
+            self._zeros(i) if i in self.diff and not value_dependent else mctx.value(v)
+            for i, v in enumerate(eqn.invars)
+        ]
         self.static = all(is_static(x) for x in self.vals) and all(is_static(x) for x in seeds)
         self.prim, self.params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
 
@@ -130,6 +155,7 @@ class _LinearProbe:
                         args[j] = np.ones(aval_shape(v), dtype=v.aval.dtype)
             out = self.prim.bind(*args, **self.params)
             return list(out) if self.prim.multiple_results else [out]
+
         return f
 
     def primals(self, group):
@@ -154,16 +180,18 @@ def _finish(mask, static):
     return normalize(mask)
 
 
-def transpose_masks(mctx, eqn, out_masks, *, value_dependent=False, bilinear=False,
-                    seed=None) -> List:
+def transpose_masks(
+    mctx, eqn, out_masks, *, value_dependent=False, bilinear=False, seed=None
+) -> list:
     """Input masks: JAX's own VJP of the operation applied to the float output
     masks; an input lane is live iff what comes back is non-zero."""
     n = len(eqn.invars)
     if not diff_indices(eqn) or all(m is NONE for m in out_masks):
         return [NONE] * n
     cts = [_float_seed(m, v.aval) for m, v in zip(out_masks, eqn.outvars)]
-    probe = _LinearProbe(mctx, eqn, cts, value_dependent=value_dependent,
-                         bilinear=bilinear, seed=seed)
+    probe = _LinearProbe(
+        mctx, eqn, cts, value_dependent=value_dependent, bilinear=bilinear, seed=seed
+    )
 
     def compute():
         found = {}
@@ -177,8 +205,7 @@ def transpose_masks(mctx, eqn, out_masks, *, value_dependent=False, bilinear=Fal
     return [_finish(found.get(i), static) for i in range(n)]
 
 
-def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False,
-                  seed=None) -> List:
+def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False, seed=None) -> list:
     """Forward counterpart of :func:`transpose_masks`: JAX's own JVP of the
     operation applied to the float input masks; non-zero = may be non-zero."""
     diff = diff_indices(eqn)
@@ -186,14 +213,19 @@ def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False,
     if not diff or all(in_masks[i] is NONE for i in diff):
         return [NONE] * n_out
     tans = {i: _float_seed(in_masks[i], eqn.invars[i].aval) for i in diff}
-    probe = _LinearProbe(mctx, eqn, list(tans.values()), value_dependent=value_dependent,
-                         bilinear=bilinear, seed=seed)
+    probe = _LinearProbe(
+        mctx,
+        eqn,
+        list(tans.values()),
+        value_dependent=value_dependent,
+        bilinear=bilinear,
+        seed=seed,
+    )
 
     def compute():
         total = [None] * n_out
         for group in probe.groups():
-            _, outs = jax.jvp(probe.function(group), probe.primals(group),
-                              [tans[i] for i in group])
+            _, outs = jax.jvp(probe.function(group), probe.primals(group), [tans[i] for i in group])
             for j, o in enumerate(outs):
                 if getattr(o, "dtype", None) is None or o.dtype == jax.dtypes.float0:
                     continue
@@ -237,10 +269,12 @@ class DotGeneral(Structural):
         lhs_axes = tuple(range(nb + len(lfree), nb + len(lfree) + len(rfree)))
         rhs_axes = tuple(range(nb, nb + len(lfree)))
         m = xp(out)
-        lhs = _place(m, m.any(out, axis=lhs_axes) if lhs_axes else out,
-                     aval_shape(eqn.invars[0]), lb + lfree)
-        rhs = _place(m, m.any(out, axis=rhs_axes) if rhs_axes else out,
-                     aval_shape(eqn.invars[1]), rb + rfree)
+        lhs = _place(
+            m, m.any(out, axis=lhs_axes) if lhs_axes else out, aval_shape(eqn.invars[0]), lb + lfree
+        )
+        rhs = _place(
+            m, m.any(out, axis=rhs_axes) if rhs_axes else out, aval_shape(eqn.invars[1]), rb + rfree
+        )
         return [normalize(lhs), normalize(rhs)]
 
     def forward_masks(self, mctx, node, eqn, in_masks):
@@ -249,7 +283,9 @@ class DotGeneral(Structural):
         nb = len(lb)
         parts = []
         for mask, contract, batch, free, offset in (
-                (in_masks[0], lc, lb, lfree, nb), (in_masks[1], rc, rb, rfree, nb + len(lfree))):
+            (in_masks[0], lc, lb, lfree, nb),
+            (in_masks[1], rc, rb, rfree, nb + len(lfree)),
+        ):
             if mask is NONE:
                 continue
             if mask is ALL:
@@ -263,7 +299,9 @@ class DotGeneral(Structural):
             parts.append(_place(m, reduced, out_shape, [target[d] for d in kept]))
         result = NONE
         for p in parts:
-            result = normalize(p) if result is NONE else normalize(xp(result, p).logical_or(result, p))
+            result = (
+                normalize(p) if result is NONE else normalize(xp(result, p).logical_or(result, p))
+            )
         return [result]
 
 
@@ -284,6 +322,7 @@ def _place(m, mask, shape, dims):
 class MixingLinear(JaxRule):
     """Linear maps with finite, mixed-sign coefficients (FFT): a zero cotangent
     stays zero, every input lane may be live.  No guard, no mask."""
+
     kind = "linear"
 
     def transfer(self, analysis, node, outs):
@@ -308,13 +347,15 @@ class Conservative(passes_rules.Conservative, JaxRule):
 
 # -- when does an operation drop lanes of an input? ---------------------------
 
+
 def _slice_drops(eqn, i):
     shape = aval_shape(eqn.invars[0])
     start = eqn.params["start_indices"]
     limit = eqn.params["limit_indices"]
     strides = eqn.params.get("strides") or (1,) * len(shape)
-    return any(s != 0 or l != d or (st != 1 and d > 1)
-               for s, l, st, d in zip(start, limit, strides, shape))
+    return any(
+        s != 0 or l != d or (st != 1 and d > 1) for s, l, st, d in zip(start, limit, strides, shape)
+    )
 
 
 def _dynamic_slice_drops(eqn, i):
@@ -345,30 +386,44 @@ def _as_cumsum(eqn):
 
 def register(table):
     same = Structural()
-    table.register(["broadcast_in_dim", "reshape", "squeeze",
-                    "transpose", "rev", "concatenate", "reduce_sum", "cumsum",
-                    "tile", "stack"], same)
+    table.register(
+        [
+            "broadcast_in_dim",
+            "reshape",
+            "squeeze",
+            "transpose",
+            "rev",
+            "concatenate",
+            "reduce_sum",
+            "cumsum",
+            "tile",
+            "stack",
+        ],
+        same,
+    )
     table.register("slice", Structural(_slice_drops))
     table.register("dynamic_slice", Structural(_dynamic_slice_drops))
     table.register("dynamic_update_slice", Structural(_first_operand_drops))
     table.register("gather", Structural(_always))
-    table.register(["scatter-add", "scatter-sub"],
-                   Structural(lambda eqn, i: i != 0))
+    table.register(["scatter-add", "scatter-sub"], Structural(lambda eqn, i: i != 0))
     table.register("scatter", Structural(_always))
     table.register("pad", Structural(_pad_drops))
     table.register(["split", "unstack"], Structural(_always))
     table.register("reduce_window_sum", Structural(_always))
     # value-dependent selections whose JAX derivative gathers/scatters (exact zeros)
-    table.register(["reduce_window_max", "reduce_window_min"],
-                   Structural(_always, value_dependent=True))
+    table.register(
+        ["reduce_window_max", "reduce_window_min"], Structural(_always, value_dependent=True)
+    )
     table.register("top_k", Structural(_always, value_dependent=True))
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register(["reduce_prod"], Structural(guards=True, seed=_as_reduce_sum))
-    table.register(["cumprod", "cumlogsumexp", "cummax", "cummin"],
-                   Structural(guards=True, seed=_as_cumsum))
+    table.register(
+        ["cumprod", "cumlogsumexp", "cummax", "cummin"], Structural(guards=True, seed=_as_cumsum)
+    )
     # bilinear: the other operand replaced by ones
     table.register("dot_general", DotGeneral())
     table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))
     table.register("fft", MixingLinear())
-    table.register("sort", Conservative(
-        "sort permutes lanes by value; its inputs are kept fully live"))
+    table.register(
+        "sort", Conservative("sort permutes lanes by value; its inputs are kept fully live")
+    )

@@ -1,9 +1,7 @@
 """The TF rule table, keyed by op type (``tf.Operation.type``)."""
-from typing import Optional
-
-from passes.rules import Rule, RuleTable
 
 from hlo_guard.tf.rules import control_flow, elementwise, selection, structural
+from passes.rules import Rule, RuleTable
 
 
 class TFRuleTable(RuleTable):
@@ -14,7 +12,7 @@ class TFRuleTable(RuleTable):
 
     _unknown = structural.Unknown()
 
-    def get(self, name: str) -> Optional[Rule]:
+    def get(self, name: str) -> Rule | None:
         rule = super().get(name)
         return rule if rule is not None else self._unknown
 

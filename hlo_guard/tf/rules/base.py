@@ -8,18 +8,18 @@ gradient-stopped tensor holding the value the user's program computes (the
 imported tensor itself, or a shadow copy when reading the imported one would
 make the graph cyclic).
 """
+
 from __future__ import annotations
 
-from typing import Any, List, Sequence
-
-from passes.lattice import (LIVE, NO_DERIVATIVE, Level, Liveness, join_all,
-                            merge_origins, partial_by)
-from passes.masks import ALL, NONE, or_masks
-from passes.masks import or_all as passes_or_all
-from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
+from collections.abc import Sequence
+from typing import Any
 
 from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import ALGEBRA
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
+from passes.masks import ALL
+from passes.masks import or_all as passes_or_all
+from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
 
 
 class TFRule(Rule):
@@ -32,7 +32,7 @@ class TFRule(Rule):
         t = analysis.graph.op(node).inputs[index]
         return is_inexact(t.dtype) and t.op.type != "Const"
 
-    def input_masks(self, mctx, node: int, op, out_masks: List[Any]) -> List[Any]:
+    def input_masks(self, mctx, node: int, op, out_masks: list[Any]) -> list[Any]:
         raise NotImplementedError(type(self).__name__)
 
     def item_inputs(self, op):
@@ -48,11 +48,11 @@ class TFRule(Rule):
         nonlinear elementwise ones) say yes."""
         return False
 
-    def forward(self, fa, node, ins: Sequence[Liveness]) -> List[Liveness]:
+    def forward(self, fa, node, ins: Sequence[Liveness]) -> list[Liveness]:
         """Tangent liveness of the outputs; fully live unless a rule knows better."""
         return [LIVE] * len(fa.graph.node_outputs(node))
 
-    def forward_masks(self, mctx, node: int, op, in_masks: List[Any]) -> List[Any]:
+    def forward_masks(self, mctx, node: int, op, in_masks: list[Any]) -> list[Any]:
         return [ALL] * len(op.outputs)
 
 
@@ -61,13 +61,13 @@ def or_all(masks):
     return passes_or_all(ALGEBRA, masks)
 
 
-def forward_join(fa, node, ins) -> List[Liveness]:
+def forward_join(fa, node, ins) -> list[Liveness]:
     """A lane's tangent may be non-zero if any input's may (elementwise)."""
     out = join_all(ins).without_partition()
     return [out] * len(fa.graph.node_outputs(node))
 
 
-def forward_placed(fa, node, ins, indices=None) -> List[Liveness]:
+def forward_placed(fa, node, ins, indices=None) -> list[Liveness]:
     """Inputs placed side by side (select cases, concat, pad, clip): fully
     live only if every floating input is; a constant among them (a ``Const``
     op has no tangent at all) makes the output partly structurally zero."""

@@ -21,30 +21,27 @@ op's inputs:
   (``while_v2``'s counter moved: the mask).  Otherwise (a lane zeroed by
   some iteration) it is taken as fully live and noted.
 """
-from __future__ import annotations
 
-from typing import List, Optional
+from __future__ import annotations
 
 import tensorflow as tf
 
 from hlo_guard.tf import compat
-
-from passes.analysis import analyze_forward
-from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dead_by, partial_by
-from passes.masks import ALL
-
 from hlo_guard.tf.graph import TFGraph, carries_derivative
 from hlo_guard.tf.mask_ops import normalize
 from hlo_guard.tf.rules.structural import Conservative
 from hlo_guard.tf.tangent_gaps import body_seeds, note_unfollowed, tainted_values
+from passes.analysis import analyze_forward
+from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dead_by, partial_by
+from passes.masks import ALL
 
 IFS = ("If", "StatelessIf")
 CASES = ("Case", "StatelessCase")
 WHILES = ("While", "StatelessWhile")
 #: ``ForwardAnalysis.notes`` keys
-BRANCHES = "branches"   # {node: [tuple of live branch indices, or None (output LIVE)]}
-CARRIED = "carried"     # {node: (tangent liveness of the body inputs, suspect flags)}
-RAN = "ran"             # {node: outputs whose tangent is live iff the loop ran once}
+BRANCHES = "branches"  # {node: [tuple of live branch indices, or None (output LIVE)]}
+CARRIED = "carried"  # {node: (tangent liveness of the body inputs, suspect flags)}
+RAN = "ran"  # {node: outputs whose tangent is live iff the loop ran once}
 
 #: rounds of the loop fixed point before giving up (the lattice is 3 levels high)
 MAX_ROUNDS = 6
@@ -64,7 +61,7 @@ class BodyView(TFGraph):
             self.tensors.setdefault(t.name, t)
             self._inexact.setdefault(t.name, _carries(t.dtype))
 
-    def graph_inputs(self) -> List[str]:
+    def graph_inputs(self) -> list[str]:
         return self._args
 
     def carries_derivative(self, value) -> bool:
@@ -87,7 +84,7 @@ def function_body(op: tf.Operation, name: str, inputs) -> BodyView:
     return BodyView(compat.function_def_to_graph(fdef, input_shapes=shapes))
 
 
-def analyse_body(fa, body: BodyView, tangents: List[Liveness], where: str):
+def analyse_body(fa, body: BodyView, tangents: list[Liveness], where: str):
     """(output tangent liveness, suspect flags) of one body for these input tangents."""
     sub = analyze_forward(body, fa.rules, tangents)
     seeds = body_seeds(body.graph_inputs(), tangents, [False] * len(tangents), where)
@@ -96,7 +93,7 @@ def analyse_body(fa, body: BodyView, tangents: List[Liveness], where: str):
     return outs, [v in tainted for v in body.graph_outputs()]
 
 
-def _branch_names(op) -> List[str]:
+def _branch_names(op) -> list[str]:
     if op.type in IFS:
         return [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
     return [f.name for f in op.get_attr("branches")]
@@ -129,10 +126,10 @@ class ControlFlow(Conservative):
             per_branch.append(analyse_body(fa, body, tangents, where))
         pred = op.inputs[0]
         selectable = pred.shape.rank == 0 and (op.type in CASES or pred.dtype == tf.bool)
-        outs: List[Liveness] = []
-        live_sets: List[Optional[tuple]] = []
+        outs: list[Liveness] = []
+        live_sets: list[tuple | None] = []
         unfollowed = []
-        for k, v in enumerate(graph.node_outputs(node)):
+        for k, _v in enumerate(graph.node_outputs(node)):
             status = []  # per branch: True (live), False (zero), None (partly / unknown)
             for out_lvs, suspect in per_branch:
                 lv = out_lvs[k]
@@ -148,8 +145,9 @@ class ControlFlow(Conservative):
             if all(s is True for s in status):
                 outs.append(LIVE)
             elif all(s is False for s in status):
-                outs.append(dead_by(op.name) if any(t.reaches_output for t in tangents)
-                            else NO_DERIVATIVE)
+                outs.append(
+                    dead_by(op.name) if any(t.reaches_output for t in tangents) else NO_DERIVATIVE
+                )
             elif None in status or not selectable:
                 unfollowed.append(k)
                 outs.append(LIVE)
@@ -158,9 +156,13 @@ class ControlFlow(Conservative):
                 outs.append(partial_by(op.name))
         fa.notes.setdefault(BRANCHES, {})[node] = live_sets
         if unfollowed:
-            note_unfollowed(fa, node, f"{where} (a branch's output tangent is partly "
-                            "structurally zero, with lanes known only inside the branch)",
-                            unfollowed)
+            note_unfollowed(
+                fa,
+                node,
+                f"{where} (a branch's output tangent is partly "
+                "structurally zero, with lanes known only inside the branch)",
+                unfollowed,
+            )
         return outs
 
     # -- While -----------------------------------------------------------------
@@ -204,9 +206,13 @@ class ControlFlow(Conservative):
         fa.notes.setdefault(CARRIED, {})[node] = (carried, bad)
         fa.notes.setdefault(RAN, {})[node] = after_first
         if unfollowed:
-            note_unfollowed(fa, node, f"{where} (a loop-carried tangent is structurally zero "
-                            "in some lanes after some iteration, or before the first)",
-                            unfollowed)
+            note_unfollowed(
+                fa,
+                node,
+                f"{where} (a loop-carried tangent is structurally zero "
+                "in some lanes after some iteration, or before the first)",
+                unfollowed,
+            )
         return result
 
     def forward_masks(self, mctx, node, op, in_masks):
@@ -272,7 +278,9 @@ def body_tangents(fa, node, op):
 
 
 def register(table):
-    boundary = ("control flow '{}': its bodies are guarded inside, but dead lanes "
-                "are not followed across the boundary; its inputs are kept fully live")
+    boundary = (
+        "control flow '{}': its bodies are guarded inside, but dead lanes "
+        "are not followed across the boundary; its inputs are kept fully live"
+    )
     for name in IFS + CASES + WHILES:
         table.register(name, ControlFlow(boundary.format(name)))

@@ -14,17 +14,17 @@ or ``zeros_like`` (``Floor``, ``Sign``, ``StopGradient``, ``ZerosLike`` ...,
 checked against ``math_grad.py``/``array_grad.py`` of TF 2.21); comparisons
 and ``IsFinite`` produce booleans and never carry a derivative anyway.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
 import passes.rules as passes_rules
-from passes.lattice import LIVE, NO_DERIVATIVE
-from passes.masks import ALL, NONE
-
 from hlo_guard.tf.mask_ops import broadcast_like, reduce_to
 from hlo_guard.tf.rules.base import TFRule, forward_join, joined, n_inputs, or_all
+from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.masks import ALL
 
 
 class Elementwise(TFRule):
@@ -78,6 +78,7 @@ class IdentityN(TFRule):
     (attribute ``_gradient_op_type``): what the user's rule sends where is
     unknown, so its inputs are kept fully live and the site is reported.
     """
+
     kind = "elementwise"
 
     def transfer(self, analysis, node, outs):
@@ -86,8 +87,10 @@ class IdentityN(TFRule):
             out = joined(outs)
             if out.reaches_output and not out.is_live:
                 analysis.note_unreached(
-                    node, "tf.custom_gradient: the user's gradient is opaque; "
-                    "inputs kept fully live", out)
+                    node,
+                    "tf.custom_gradient: the user's gradient is opaque; inputs kept fully live",
+                    out,
+                )
             return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(op.inputs)
         return list(outs)
 
@@ -133,33 +136,129 @@ class Source(ZeroDerivative):
 
 # Derivative is a finite constant: a zero cotangent stays exactly zero.
 LINEAR = [
-    "Add", "AddV2", "Sub", "Neg", "Identity", "Snapshot", "Cast", "Real", "Imag",
-    "Conj", "Complex", "AddN", "EnsureShape", "CheckNumerics", "CheckNumericsV2",
-    "PlaceholderWithDefault", "PreventGradient",
+    "Add",
+    "AddV2",
+    "Sub",
+    "Neg",
+    "Identity",
+    "Snapshot",
+    "Cast",
+    "Real",
+    "Imag",
+    "Conj",
+    "Complex",
+    "AddN",
+    "EnsureShape",
+    "CheckNumerics",
+    "CheckNumericsV2",
+    "PlaceholderWithDefault",
+    "PreventGradient",
 ]
 
 # Local derivative may be non-finite (or is another operand that may be).
 NONLINEAR = [
-    "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "FloorMod", "Mod", "TruncateMod",
-    "Pow", "Square", "SquaredDifference", "Sqrt", "Rsqrt", "Reciprocal", "Inv",
-    "Exp", "Expm1", "Log", "Log1p", "Sigmoid", "Tanh", "Sin", "Cos", "Tan",
-    "Asin", "Acos", "Atan", "Atan2", "Asinh", "Acosh", "Atanh", "Sinh", "Cosh",
-    "Abs", "ComplexAbs", "Erf", "Erfc", "Erfinv", "Ndtri", "Lgamma", "Digamma",
-    "Igamma", "Igammac", "Polygamma", "Zeta", "Betainc", "Softplus", "Softsign",
-    "Elu", "Selu", "LeakyRelu", "Xdivy", "Xlogy", "Xlog1py",
-    "BesselI0e", "BesselI1e", "Angle",
+    "Mul",
+    "RealDiv",
+    "Div",
+    "DivNoNan",
+    "MulNoNan",
+    "FloorMod",
+    "Mod",
+    "TruncateMod",
+    "Pow",
+    "Square",
+    "SquaredDifference",
+    "Sqrt",
+    "Rsqrt",
+    "Reciprocal",
+    "Inv",
+    "Exp",
+    "Expm1",
+    "Log",
+    "Log1p",
+    "Sigmoid",
+    "Tanh",
+    "Sin",
+    "Cos",
+    "Tan",
+    "Asin",
+    "Acos",
+    "Atan",
+    "Atan2",
+    "Asinh",
+    "Acosh",
+    "Atanh",
+    "Sinh",
+    "Cosh",
+    "Abs",
+    "ComplexAbs",
+    "Erf",
+    "Erfc",
+    "Erfinv",
+    "Ndtri",
+    "Lgamma",
+    "Digamma",
+    "Igamma",
+    "Igammac",
+    "Polygamma",
+    "Zeta",
+    "Betainc",
+    "Softplus",
+    "Softsign",
+    "Elu",
+    "Selu",
+    "LeakyRelu",
+    "Xdivy",
+    "Xlogy",
+    "Xlog1py",
+    "BesselI0e",
+    "BesselI1e",
+    "Angle",
 ]
 
 # Registered gradient is None or zeros_like (TF 2.21 math_grad/array_grad).
 ZERO_DERIVATIVE = [
-    "Floor", "Ceil", "Round", "Rint", "Sign", "StopGradient", "ZerosLike", "OnesLike",
-    "FloorDiv", "TruncateDiv", "Equal", "NotEqual", "Less", "LessEqual", "Greater",
-    "GreaterEqual", "ApproximateEqual", "IsFinite", "IsNan", "IsInf", "LogicalAnd",
-    "LogicalOr", "LogicalNot", "ArgMax", "ArgMin", "Shape", "ShapeN", "Size", "Rank",
-    "OneHot", "RandomUniform", "RandomStandardNormal", "TruncatedNormal",
-    "StatelessRandomUniform", "StatelessRandomNormal", "StatelessRandomUniformV2",
-    "StatelessRandomNormalV2", "StatelessTruncatedNormal", "StatelessTruncatedNormalV2",
-    "Range", "LinSpace",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Rint",
+    "Sign",
+    "StopGradient",
+    "ZerosLike",
+    "OnesLike",
+    "FloorDiv",
+    "TruncateDiv",
+    "Equal",
+    "NotEqual",
+    "Less",
+    "LessEqual",
+    "Greater",
+    "GreaterEqual",
+    "ApproximateEqual",
+    "IsFinite",
+    "IsNan",
+    "IsInf",
+    "LogicalAnd",
+    "LogicalOr",
+    "LogicalNot",
+    "ArgMax",
+    "ArgMin",
+    "Shape",
+    "ShapeN",
+    "Size",
+    "Rank",
+    "OneHot",
+    "RandomUniform",
+    "RandomStandardNormal",
+    "TruncatedNormal",
+    "StatelessRandomUniform",
+    "StatelessRandomNormal",
+    "StatelessRandomUniformV2",
+    "StatelessRandomNormalV2",
+    "StatelessTruncatedNormal",
+    "StatelessTruncatedNormalV2",
+    "Range",
+    "LinSpace",
 ]
 
 # No differentiable input: nothing to analyse, nothing to report.

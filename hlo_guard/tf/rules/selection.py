@@ -20,17 +20,16 @@ differentiates must never be marked dead:
   (``ReluGrad``/``Relu6Grad`` read the output).  The CPU kernels multiply by
   the 0/1 indicator, so the input is guarded.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
 
 from hlo_guard.tf import compat
-
-from passes.lattice import NO_DERIVATIVE, partial_by
-from passes.masks import ALL, NONE
-
 from hlo_guard.tf.mask_ops import and_, broadcast_like, normalize, not_, reduce_to
 from hlo_guard.tf.rules.base import TFRule, dropping, forward_join, forward_placed, joined, or_all
+from passes.lattice import NO_DERIVATIVE, partial_by
+from passes.masks import ALL, NONE
 
 
 def _pick(cases, chosen_list, out):
@@ -63,9 +62,11 @@ class Select(TFRule):
         chosen = _condition(op, mctx.value(op.inputs[0]), out)
         t_mask = and_(out_mask, chosen)
         e_mask = and_(out_mask, not_(chosen))
-        return [NONE,
-                reduce_to(t_mask, out, mctx.value(op.inputs[1])),
-                reduce_to(e_mask, out, mctx.value(op.inputs[2]))]
+        return [
+            NONE,
+            reduce_to(t_mask, out, mctx.value(op.inputs[1])),
+            reduce_to(e_mask, out, mctx.value(op.inputs[2])),
+        ]
 
     def forward(self, fa, node, ins):
         return forward_placed(fa, node, ins, indices=[1, 2])
@@ -95,8 +96,10 @@ class MaximumMinimum(TFRule):
 
     def input_masks(self, mctx, node, op, out_masks):
         out, x, y, xmask = self._chosen(mctx, op)
-        return [reduce_to(and_(out_masks[0], xmask), out, x),
-                reduce_to(and_(out_masks[0], not_(xmask)), out, y)]
+        return [
+            reduce_to(and_(out_masks[0], xmask), out, x),
+            reduce_to(and_(out_masks[0], not_(xmask)), out, y),
+        ]
 
     def broadcast_operand_mask(self, mctx, node, op, index, out_masks):
         """The mask at the *output* shape, for guarding a broadcast operand."""
@@ -128,9 +131,11 @@ class ClipByValue(TFRule):
         above = broadcast_like(normalize(tf.greater(t, hi)), out)
         inside = and_(not_(below), not_(above))
         m = out_masks[0]
-        return [reduce_to(and_(m, inside), out, t),
-                reduce_to(and_(m, below), out, lo),
-                reduce_to(and_(m, above), out, hi)]
+        return [
+            reduce_to(and_(m, inside), out, t),
+            reduce_to(and_(m, below), out, lo),
+            reduce_to(and_(m, above), out, hi),
+        ]
 
     def forward(self, fa, node, ins):
         return forward_placed(fa, node, ins)
@@ -146,6 +151,7 @@ class ClipByValue(TFRule):
 
 class ReduceChooser(TFRule):
     """``Max``/``Min``: live where the element equals the reduced result."""
+
     kind = "selection"
     guards = True
 
@@ -176,8 +182,9 @@ class ReduceChooser(TFRule):
         axes = mctx.value(op.inputs[1])
         kept = compat.reduced_shape(tf.shape(x), axes)
         chosen = tf.equal(x, tf.reshape(y, kept))
-        live = tf.reduce_any(tf.logical_and(m, chosen), axis=axes,
-                             keepdims=op.get_attr("keep_dims"))
+        live = tf.reduce_any(
+            tf.logical_and(m, chosen), axis=axes, keepdims=op.get_attr("keep_dims")
+        )
         return [normalize(live)]
 
 

@@ -15,23 +15,22 @@ Reshape-like operations keep a cheaper boolean reshape/transpose, and
 matrix products a boolean reduce-and-broadcast (:class:`MatMul`): probing them
 would cost a matmul as large as the program's own.
 """
+
 from __future__ import annotations
 
-from typing import Callable, List
+from collections.abc import Callable
 
 import tensorflow as tf
 
-from hlo_guard.tf import compat
-
 import passes.rules as passes_rules
-from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
-from passes.masks import ALL, NONE
-
+from hlo_guard.tf import compat
 from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, to_float
 from hlo_guard.tf.opcopy import copy_op
-from hlo_guard.tf.rules.base import TFRule, dropping, forward_placed, joined
+from hlo_guard.tf.rules.base import TFRule, forward_placed, joined
 from hlo_guard.tf.tangent_gaps import is_partly_zero, note_unfollowed
+from passes.lattice import LIVE, partial_by
+from passes.masks import ALL, NONE
 
 
 def _never(op, i):
@@ -55,11 +54,19 @@ class Structural(passes_rules.StructuralTransfer, TFRule):
     zeros: for a choosing reduction (``SegmentMax``) the lanes that reach the
     output depend on the values, and TF's gradient reads them.
     """
+
     kind = "structural"
 
-    def __init__(self, drops: Callable = _never, *, guards: bool = False,
-                 bilinear: bool = False, probe_type=None, real_values: bool = False,
-                 creates: bool = False):
+    def __init__(
+        self,
+        drops: Callable = _never,
+        *,
+        guards: bool = False,
+        bilinear: bool = False,
+        probe_type=None,
+        real_values: bool = False,
+        creates: bool = False,
+    ):
         self.drops = drops
         #: output lanes no input reaches (padding, unscattered lanes, empty
         #: segments) hold a constant: their tangent is structurally zero
@@ -79,8 +86,14 @@ class Structural(passes_rules.StructuralTransfer, TFRule):
         probe_type = self.probe_type
         if isinstance(probe_type, dict):
             probe_type = probe_type[op.type]
-        return probe_masks(mctx, op, out_masks, bilinear=self.bilinear,
-                           probe_type=probe_type, real_values=self.real_values)
+        return probe_masks(
+            mctx,
+            op,
+            out_masks,
+            bilinear=self.bilinear,
+            probe_type=probe_type,
+            real_values=self.real_values,
+        )
 
     def forward(self, fa, node, ins):
         op = fa.graph.op(node)
@@ -95,13 +108,18 @@ class Structural(passes_rules.StructuralTransfer, TFRule):
         probe_type = self.probe_type
         if isinstance(probe_type, dict):
             probe_type = probe_type[op.type]
-        return probe_forward_masks(mctx, op, in_masks, bilinear=self.bilinear,
-                                   probe_type=probe_type, real_values=self.real_values,
-                                   creates=self.creates)
+        return probe_forward_masks(
+            mctx,
+            op,
+            in_masks,
+            bilinear=self.bilinear,
+            probe_type=probe_type,
+            real_values=self.real_values,
+            creates=self.creates,
+        )
 
 
-def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
-                real_values=False) -> List:
+def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None, real_values=False) -> list:
     diff = [i for i, t in enumerate(op.inputs) if is_inexact(t.dtype)]
     n = len(op.inputs)
     if not diff or all(m is NONE for m in out_masks):
@@ -116,8 +134,9 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
             zeros = {}
             for i in diff:
                 if i in group:
-                    zeros[i] = args[i] = tf.identity(vals[i]) if real_values \
-                        else tf.zeros_like(vals[i])
+                    zeros[i] = args[i] = (
+                        tf.identity(vals[i]) if real_values else tf.zeros_like(vals[i])
+                    )
                 elif bilinear:
                     args[i] = tf.ones_like(vals[i])
                 else:
@@ -140,8 +159,9 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None,
     return [found.get(i, NONE) for i in range(n)]
 
 
-def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
-                        real_values=False, creates=False) -> List:
+def probe_forward_masks(
+    mctx, op, in_masks, *, bilinear=False, probe_type=None, real_values=False, creates=False
+) -> list:
     """Output tangent masks by TF's own derivative: the JVP of the probe copy
     (built, as ForwardAccumulator does, by differentiating its VJP with
     respect to the cotangent) applied to the 0/1 input masks; an output lane
@@ -155,7 +175,7 @@ def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
     if all(in_masks[i] is ALL for i in diff) and not creates:
         return [ALL] * n_out
     vals = [mctx.value(t) for t in op.inputs]
-    found: List = [NONE] * n_out
+    found: list = [NONE] * n_out
     groups = [[i] for i in diff] if bilinear else [diff]
     with tf.name_scope("hlo_guard_probe"):
         for group in groups:
@@ -172,14 +192,17 @@ def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
             probe = copy_op(op, args, op_type=probe_type)
             outs = [k for k, t in enumerate(probe.outputs) if is_inexact(t.dtype)]
             cots = [tf.zeros_like(probe.outputs[k]) for k in outs]
-            vjps = tf.gradients([probe.outputs[k] for k in outs], [args[i] for i in group],
-                                grad_ys=cots)
-            pairs = [(g, to_float(in_masks[i], vals[i])) for i, g in zip(group, vjps)
-                     if g is not None]
+            vjps = tf.gradients(
+                [probe.outputs[k] for k in outs], [args[i] for i in group], grad_ys=cots
+            )
+            pairs = [
+                (g, to_float(in_masks[i], vals[i])) for i, g in zip(group, vjps) if g is not None
+            ]
             if not pairs:
                 continue
-            jvps = tf.gradients([tf.convert_to_tensor(g) for g, _ in pairs], cots,
-                                grad_ys=[t for _, t in pairs])
+            jvps = tf.gradients(
+                [tf.convert_to_tensor(g) for g, _ in pairs], cots, grad_ys=[t for _, t in pairs]
+            )
             for k, jv in zip(outs, jvps):
                 if jv is None:
                     continue
@@ -188,7 +211,7 @@ def probe_forward_masks(mctx, op, in_masks, *, bilinear=False, probe_type=None,
     return found
 
 
-def _probe_matmul_masks(mctx, op, out_masks) -> List:
+def _probe_matmul_masks(mctx, op, out_masks) -> list:
     """The matmul masks by TF's own gradient with the other operand replaced
     by ones (exact, but a matmul as large as the program's own).  Kept as the
     reference :class:`MatMul` is tested against."""
@@ -202,7 +225,7 @@ def _shape_of(mctx, t: tf.Tensor) -> tf.Tensor:
     return tf.shape(mctx.value(t), out_type=tf.int32)
 
 
-def matmul_masks(mctx, op, out_masks) -> List:
+def matmul_masks(mctx, op, out_masks) -> list:
     """Operand masks of ``MatMul``/``BatchMatMul``/``BatchMatMulV2``/``V3``
     without contracting anything.
 
@@ -233,8 +256,10 @@ def matmul_masks(mctx, op, out_masks) -> List:
     with tf.name_scope("hlo_guard_matmul_mask"):
         # a: [..., M, K] (or [..., K, M]) is read by out row i; b: [..., K, N]
         # (or [..., N, K]) by out column j
-        keeps = [tf.expand_dims(tf.reduce_any(out, axis=-1), -2 if swap_a else -1),
-                 tf.expand_dims(tf.reduce_any(out, axis=-2), -1 if swap_b else -2)]
+        keeps = [
+            tf.expand_dims(tf.reduce_any(out, axis=-1), -2 if swap_a else -1),
+            tf.expand_dims(tf.reduce_any(out, axis=-2), -1 if swap_b else -2),
+        ]
         for i, keep in enumerate(keeps):
             if not diff[i]:
                 continue
@@ -249,8 +274,9 @@ def matmul_masks(mctx, op, out_masks) -> List:
                 if target_static.is_fully_defined() and keep.shape.is_fully_defined():
                     target = None  # reduce_to_shape works from the static shapes
                 else:
-                    target = tf.concat([_shape_of(mctx, t)[:-2],
-                                        tf.shape(keep, out_type=tf.int32)[-2:]], 0)
+                    target = tf.concat(
+                        [_shape_of(mctx, t)[:-2], tf.shape(keep, out_type=tf.int32)[-2:]], 0
+                    )
                 keep = reduce_to_shape(keep, target, target_static)
             if not (known and keep.shape == static):
                 keep = tf.broadcast_to(keep, static.as_list() if known else _shape_of(mctx, t))
@@ -319,20 +345,30 @@ class Conservative(passes_rules.Conservative, TFRule):
     def drops_through_unused_output(self, analysis, node, outs):
         if _drops_through_unused_output(analysis, node, outs):
             analysis.note_unreached(
-                node, self.reason + "; some of its outputs are unused, so the lanes that "
-                "reach only them are dead", partial_by(analysis.graph.origin(node)))
+                node,
+                self.reason + "; some of its outputs are unused, so the lanes that "
+                "reach only them are dead",
+                partial_by(analysis.graph.origin(node)),
+            )
 
     def forward(self, fa, node, ins):
         """Outputs fully live (never hides a NaN), but a partly structurally
         zero tangent arriving here is lost: noted, so that a singular op
         downstream is reported instead of called clean."""
         graph = fa.graph
-        if any(is_partly_zero(lv) for v, lv in zip(graph.node_inputs(node), ins)
-               if graph.carries_derivative(v)):
-            note_unfollowed(fa, node, f"'{graph.op_name(node)}' "
-                            f"'{graph.user_name(graph.op(node).name)}' (not followed in "
-                            "forward mode: a partly structurally zero tangent enters it and "
-                            "its outputs are taken as fully live)")
+        if any(
+            is_partly_zero(lv)
+            for v, lv in zip(graph.node_inputs(node), ins)
+            if graph.carries_derivative(v)
+        ):
+            note_unfollowed(
+                fa,
+                node,
+                f"'{graph.op_name(node)}' "
+                f"'{graph.user_name(graph.op(node).name)}' (not followed in "
+                "forward mode: a partly structurally zero tangent enters it and "
+                "its outputs are taken as fully live)",
+            )
         return [LIVE] * len(graph.node_outputs(node))
 
 
@@ -354,8 +390,11 @@ class Unknown(Conservative):
         op = analysis.graph.op(node)
         if out.is_live and any(is_inexact(t.dtype) for t in op.inputs):
             analysis.note_unreached(
-                node, f"no rule for primitive '{name}': treated as fully live; lanes it "
-                "drops itself are not guarded", partial_by(analysis.graph.origin(node)))
+                node,
+                f"no rule for primitive '{name}': treated as fully live; lanes it "
+                "drops itself are not guarded",
+                partial_by(analysis.graph.origin(node)),
+            )
             return [LIVE] * len(op.inputs)
         self.reason = f"no rule for primitive '{name}'"
         return super().transfer(analysis, node, outs)
@@ -363,16 +402,20 @@ class Unknown(Conservative):
     def forward(self, fa, node, ins):
         """No rule: the op may zero lanes itself (``MatrixBandPart``)."""
         graph = fa.graph
-        note_unfollowed(fa, node, f"'{graph.op_name(node)}' "
-                        f"'{graph.user_name(graph.op(node).name)}' (no rule: forward mode "
-                        "takes its outputs as fully live; lanes it zeroes itself are not known)")
+        note_unfollowed(
+            fa,
+            node,
+            f"'{graph.op_name(node)}' "
+            f"'{graph.user_name(graph.op(node).name)}' (no rule: forward mode "
+            "takes its outputs as fully live; lanes it zeroes itself are not known)",
+        )
         return [LIVE] * len(graph.node_outputs(node))
 
 
 def _drops_through_unused_output(analysis, node, outs) -> bool:
     graph = analysis.graph
     op = graph.op(node)
-    for k, (v, lv) in enumerate(zip(graph.node_outputs(node), outs)):
+    for k, (_v, lv) in enumerate(zip(graph.node_outputs(node), outs)):
         if lv.reaches_output or not is_inexact(op.outputs[k].dtype):
             continue
         if op.type in ("While", "StatelessWhile") and _loop_invariant(op, k):
@@ -422,40 +465,93 @@ def register(table):
     table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
     table.register("Transpose", Transpose())
     same = Structural()
-    table.register(["ConcatV2", "Concat", "Pack", "BroadcastTo", "Tile",
-                    "MirrorPad", "Reverse", "ReverseV2", "Sum", "Mean", "Cumsum",
-                    "BiasAdd", "BiasAddV1", "Fill", "Roll",
-                    "TensorScatterAdd", "MatrixDiagV3", "MatrixDiagPart", "MatrixDiagPartV3",
-                    "SpaceToDepth", "DepthToSpace", "Unpack", "Split", "SplitV",
-                    "ReverseSequence"], same)
-    table.register(["GatherV2", "Gather", "GatherNd", "StridedSlice", "Slice",
-                    "ResourceGather"], Structural(_always))
+    table.register(
+        [
+            "ConcatV2",
+            "Concat",
+            "Pack",
+            "BroadcastTo",
+            "Tile",
+            "MirrorPad",
+            "Reverse",
+            "ReverseV2",
+            "Sum",
+            "Mean",
+            "Cumsum",
+            "BiasAdd",
+            "BiasAddV1",
+            "Fill",
+            "Roll",
+            "TensorScatterAdd",
+            "MatrixDiagV3",
+            "MatrixDiagPart",
+            "MatrixDiagPartV3",
+            "SpaceToDepth",
+            "DepthToSpace",
+            "Unpack",
+            "Split",
+            "SplitV",
+            "ReverseSequence",
+        ],
+        same,
+    )
+    table.register(
+        ["GatherV2", "Gather", "GatherNd", "StridedSlice", "Slice", "ResourceGather"],
+        Structural(_always),
+    )
     table.register(["Pad", "ScatterNd", "MatrixDiag"], Structural(creates=True))
     table.register("PadV2", Structural(_padv2_drops))
     # segment reductions drop the lanes whose id is negative or >= num_segments
     # (unsorted) or that no index selects (sparse); TF's gradient gathers them
     # back with ``_GatherDropNegatives``, so the probe sees exactly those lanes
-    segment_sums = ["UnsortedSegmentSum", "SegmentSum", "SegmentSumV2", "SegmentMean",
-                    "SparseSegmentSum", "SparseSegmentMean", "SparseSegmentSqrtN",
-                    "SparseSegmentSumWithNumSegments", "SparseSegmentMeanWithNumSegments",
-                    "SparseSegmentSqrtNWithNumSegments"]
+    segment_sums = [
+        "UnsortedSegmentSum",
+        "SegmentSum",
+        "SegmentSumV2",
+        "SegmentMean",
+        "SparseSegmentSum",
+        "SparseSegmentMean",
+        "SparseSegmentSqrtN",
+        "SparseSegmentSumWithNumSegments",
+        "SparseSegmentMeanWithNumSegments",
+        "SparseSegmentSqrtNWithNumSegments",
+    ]
     table.register(segment_sums, Structural(_first_input_drops, creates=True))
-    table.register(["UnsortedSegmentProd", "SegmentProd", "SegmentProdV2"],
-                   Structural(_first_input_drops, guards=True, creates=True, probe_type={
-                       "UnsortedSegmentProd": "UnsortedSegmentSum",
-                       "SegmentProd": "SegmentSum", "SegmentProdV2": "SegmentSumV2"}))
+    table.register(
+        ["UnsortedSegmentProd", "SegmentProd", "SegmentProdV2"],
+        Structural(
+            _first_input_drops,
+            guards=True,
+            creates=True,
+            probe_type={
+                "UnsortedSegmentProd": "UnsortedSegmentSum",
+                "SegmentProd": "SegmentSum",
+                "SegmentProdV2": "SegmentSumV2",
+            },
+        ),
+    )
     # max/min also drop the lanes that are not the segment's extremum
-    table.register(["UnsortedSegmentMax", "UnsortedSegmentMin", "SegmentMax", "SegmentMin",
-                    "SegmentMaxV2", "SegmentMinV2"],
-                   Structural(_first_input_drops, real_values=True, creates=True))
+    table.register(
+        [
+            "UnsortedSegmentMax",
+            "UnsortedSegmentMin",
+            "SegmentMax",
+            "SegmentMin",
+            "SegmentMaxV2",
+            "SegmentMinV2",
+        ],
+        Structural(_first_input_drops, real_values=True, creates=True),
+    )
     table.register(["TensorScatterUpdate"], Structural(_scatter_update_drops))
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register("Prod", Structural(guards=True, probe_type="Sum"))
     table.register("Cumprod", Structural(guards=True, probe_type="Cumsum"))
     # bilinear: the other operand replaced by ones
     table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"], MatMul())
-    table.register(["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
-                   Structural(_always, guards=True, bilinear=True))
+    table.register(
+        ["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
+        Structural(_always, guards=True, bilinear=True),
+    )
     # einsum may read only some lanes (``ii->i``, a trace) and multiplies
     # operands: probed like a convolution, each operand against ones
     table.register("Einsum", Structural(_always, guards=True, bilinear=True))
@@ -463,24 +559,49 @@ def register(table):
     # runs on them (TF's gradient scatters into the chosen indices)
     table.register("TopKV2", Structural(_always, real_values=True))
     # lanes mix nonlinearly along an axis: not followed
-    for name in ["Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
-                 "SparseSoftmaxCrossEntropyWithLogits", "Sort",
-                 "Cholesky", "MatrixInverse", "MatrixDeterminant", "Svd", "Qr",
-                 "SelfAdjointEigV2", "FusedBatchNormV3", "FusedBatchNorm"]:
+    for name in [
+        "Softmax",
+        "LogSoftmax",
+        "SoftmaxCrossEntropyWithLogits",
+        "SparseSoftmaxCrossEntropyWithLogits",
+        "Sort",
+        "Cholesky",
+        "MatrixInverse",
+        "MatrixDeterminant",
+        "Svd",
+        "Qr",
+        "SelfAdjointEigV2",
+        "FusedBatchNormV3",
+        "FusedBatchNorm",
+    ]:
         table.register(name, Conservative(f"{name}: lanes mix nonlinearly; inputs kept fully live"))
     # If/Case/While: hlo_guard.tf.rules.control_flow (forward mode reads their bodies)
     # TensorList (TensorArray, map_fn, autograph loops): its lanes live in a
     # variant handle; dead lanes arriving here are not followed into the list
     # (and so not across the loop boundary that carries it)
-    tensor_list = ("'{}': dead lanes are not followed into a TensorList (TensorArray, "
-                   "map_fn, loop accumulators); what produced the list is kept fully live")
-    for name in ["TensorListGetItem", "TensorListSetItem", "TensorListStack",
-                 "TensorListFromTensor", "TensorListGather", "TensorListScatter",
-                 "TensorListScatterV2", "TensorListScatterIntoExistingList",
-                 "TensorListPushBack", "TensorListPopBack", "TensorListConcatV2",
-                 "TensorListSplit", "TensorListReserve"]:
+    tensor_list = (
+        "'{}': dead lanes are not followed into a TensorList (TensorArray, "
+        "map_fn, loop accumulators); what produced the list is kept fully live"
+    )
+    for name in [
+        "TensorListGetItem",
+        "TensorListSetItem",
+        "TensorListStack",
+        "TensorListFromTensor",
+        "TensorListGather",
+        "TensorListScatter",
+        "TensorListScatterV2",
+        "TensorListScatterIntoExistingList",
+        "TensorListPushBack",
+        "TensorListPopBack",
+        "TensorListConcatV2",
+        "TensorListSplit",
+        "TensorListReserve",
+    ]:
         table.register(name, Conservative(tensor_list.format(name)))
-    opaque = ("call '{}' was not inlined; neither its body nor its boundary is "
-              "rewritten; its inputs are kept fully live")
+    opaque = (
+        "call '{}' was not inlined; neither its body nor its boundary is "
+        "rewritten; its inputs are kept fully live"
+    )
     for name in ["PartitionedCall", "StatefulPartitionedCall"]:
         table.register(name, Conservative(opaque.format(name)))
