@@ -81,40 +81,35 @@ def build_report(record: BuildRecord, function: str) -> TFReport:
     )
 
 
+def _guard_record(graph, applied, scope: str, operand, reason: str = "") -> SiteRecord:
+    """The report line of one applied guard: an input guard (``operand`` is the
+    guarded input) or a forward-mode output guard (``operand`` None)."""
+    site = applied.site
+    op, loc, _ = _describe(graph, graph.ops[site.node].name)
+    return SiteRecord(
+        "guard",
+        op,
+        loc,
+        scope=scope,
+        operand=operand,
+        statically_dead=applied.form == "stop_gradient",
+        origins=_origins(graph, site.liveness),
+        reason=reason,
+    )
+
+
 def _collect(record: BuildRecord, scope: str, sites: list) -> None:
     """Sites of one graph, then of its guarded control-flow bodies (with a scope)."""
     graph = record.graph
     for applied in record.applied:
-        s = applied.site
-        op, loc, _ = _describe(graph, graph.ops[s.node].name)
-        sites.append(
-            SiteRecord(
-                "guard",
-                op,
-                loc,
-                scope=scope,
-                operand=s.index,
-                statically_dead=applied.form == "stop_gradient",
-                origins=_origins(graph, s.liveness),
-            )
-        )
+        sites.append(_guard_record(graph, applied, scope, operand=applied.site.index))
     for applied in record.output_guards:
-        s = applied.site
-        op, loc, _ = _describe(graph, graph.ops[s.node].name)
-        sites.append(
-            SiteRecord(
-                "guard",
-                op,
-                loc,
-                scope=scope,
-                operand=None,
-                statically_dead=applied.form == "stop_gradient",
-                origins=_origins(graph, s.liveness),
-                reason=f"output {s.index} guarded for forward mode: its "
-                "tangent is selected where the inputs' is "
-                "structurally zero",
-            )
+        index = applied.site.index
+        reason = (
+            f"output {index} guarded for forward mode: its tangent is selected where "
+            "the inputs' is structurally zero"
         )
+        sites.append(_guard_record(graph, applied, scope, operand=None, reason=reason))
     for site, reason in record.skipped:
         op, loc, _ = _describe(graph, graph.ops[site.node].name)
         sites.append(
