@@ -57,6 +57,8 @@ class MaskAlgebra:
 def or_masks(algebra: MaskAlgebra, a: Any, b: Any) -> Any:
     if a is ALL or b is ALL:
         return ALL
+    if a is b:  # ``x * x``: both uses give the same mask object; no op for it
+        return a
     if a is NONE:
         return b
     if b is NONE:

@@ -9,6 +9,7 @@ folded at trace time and never appear in the traced program.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +33,95 @@ def xp(*arrays):
     return np if all(is_static(a) for a in arrays) else lax_ops
 
 
+class _Broadcasts:
+    """Which traced masks are broadcasts, and of what.
+
+    Most masks are a predicate of a few axes (a padding mask ``[B, T]``) spread
+    over the rest (``[B, T, D]``, ``[B, H, T, T]``).  Built naively, every
+    rule that reads such a mask (``any`` over the broadcast axes for a
+    ``dot_general`` operand, the mask of a size-1 operand, ``and`` with another
+    broadcast predicate) reduces and re-broadcasts a full-size array, and each
+    of those reductions becomes its own kernel in the gradient.  Remembering
+    that a mask *is* ``broadcast_in_dim(source, shape, dims)`` lets the
+    operations below work on the small source and broadcast once, late.
+
+    Entries hold the source and die with the broadcast mask (a weak reference
+    with a callback), so nothing outlives the trace that made it.  The source
+    never has a stretched size-1 axis and ``dims`` is increasing.
+    """
+
+    def __init__(self):
+        self._by_id: dict[int, tuple[Any, Any, tuple[int, ...]]] = {}
+
+    def record(self, out, source, dims):
+        if not isinstance(out, jax.core.Tracer):
+            return out
+        key = id(out)
+
+        def forget(_ref, key=key, table=self._by_id):
+            table.pop(key, None)
+
+        self._by_id[key] = (weakref.ref(out, forget), source, tuple(dims))
+        return out
+
+    def of(self, x):
+        """``(source, dims)`` if ``x`` is a recorded broadcast, else None."""
+        entry = self._by_id.get(id(x))
+        if entry is None or entry[0]() is not x:
+            return None
+        return entry[1], entry[2]
+
+
+_BROADCASTS = _Broadcasts()
+
+
+def _as_broadcast(x):
+    """``(source, dims)`` for any traced mask (a plain array is the broadcast
+    of itself over no new axes)."""
+    found = _BROADCASTS.of(x)
+    if found is not None:
+        return found
+    return x, tuple(range(len(np.shape(x))))
+
+
+def lax_broadcast_in_dim(source, shape, dims):
+    """``lax.broadcast_in_dim`` of a mask, remembered (see :class:`_Broadcasts`).
+    Stretched size-1 axes of ``source`` are squeezed out first."""
+    shape, dims = tuple(shape), [int(d) for d in dims]
+    src_shape = np.shape(source)
+    stretched = [k for k, d in enumerate(dims) if src_shape[k] == 1 and shape[d] != 1]
+    if stretched:
+        source = lax.reshape(
+            source, tuple(n for k, n in enumerate(src_shape) if k not in stretched)
+        )
+        dims = [d for k, d in enumerate(dims) if k not in stretched]
+    if dims != sorted(dims):
+        order = sorted(range(len(dims)), key=lambda k: dims[k])
+        source = lax.transpose(source, tuple(order))
+        dims = sorted(dims)
+    if tuple(np.shape(source)) == shape:
+        return source
+    inner = _BROADCASTS.of(source)
+    if inner is not None:  # a broadcast of a broadcast: one broadcast of the source
+        source, inner_dims = inner
+        dims = [dims[k] for k in inner_dims]
+    out = lax.broadcast_in_dim(source, shape, tuple(dims))
+    return _BROADCASTS.record(out, source, dims)
+
+
+def _lift(source, dims, union, shape):
+    """``source`` (placed on ``dims``) broadcast to the axes ``union``."""
+    target = tuple(shape[u] for u in union)
+    if tuple(dims) == tuple(union):
+        return source
+    return lax.broadcast_in_dim(source, target, tuple(union.index(d) for d in dims))
+
+
 class _LaxOps:
     """The few numpy-style operations masks need, bound straight to lax
     primitives.  ``jax.numpy`` would do, but each of its functions is a jitted
-    wrapper whose dispatch costs more than the mask itself at trace time."""
+    wrapper whose dispatch costs more than the mask itself at trace time.
+    Broadcast masks are kept as broadcasts where the operation allows it."""
 
     @staticmethod
     def _pair(a, b):
@@ -55,15 +141,38 @@ class _LaxOps:
         return a, b
 
     @staticmethod
+    def _bitwise(op, a, b):
+        if a is b:  # and/or of a mask with itself
+            return a
+        a, b = _LaxOps._pair(a, b)
+        shape = tuple(np.shape(a))
+        if (
+            isinstance(a, jax.core.Tracer)
+            and isinstance(b, jax.core.Tracer)
+            and shape == tuple(np.shape(b))
+            and (_BROADCASTS.of(a) is not None or _BROADCASTS.of(b) is not None)
+        ):
+            (sa, da), (sb, db) = _as_broadcast(a), _as_broadcast(b)
+            union = tuple(sorted(set(da) | set(db)))
+            if len(union) < len(shape):
+                small = op(_lift(sa, da, union, shape), _lift(sb, db, union, shape))
+                return lax_broadcast_in_dim(small, shape, union)
+        return op(a, b)
+
+    @staticmethod
     def logical_and(a, b):
-        return lax.bitwise_and(*_LaxOps._pair(a, b))
+        return _LaxOps._bitwise(lax.bitwise_and, a, b)
 
     @staticmethod
     def logical_or(a, b):
-        return lax.bitwise_or(*_LaxOps._pair(a, b))
+        return _LaxOps._bitwise(lax.bitwise_or, a, b)
 
     @staticmethod
     def logical_not(a):
+        found = _BROADCASTS.of(a)
+        if found is not None:
+            source, dims = found
+            return lax_broadcast_in_dim(lax.bitwise_not(source), np.shape(a), dims)
         return lax.bitwise_not(a)
 
     @staticmethod
@@ -80,7 +189,7 @@ class _LaxOps:
 
     @staticmethod
     def any(a, axis=None, keepdims=False):
-        shape = np.shape(a)
+        shape = tuple(np.shape(a))
         axes = (
             tuple(range(len(shape)))
             if axis is None
@@ -88,15 +197,58 @@ class _LaxOps:
             if isinstance(axis, (tuple, list))
             else (axis,)
         )
+        axes = tuple(sorted(int(d) % max(len(shape), 1) for d in axes))
+        kept = [d for d in range(len(shape)) if d not in axes]
+        out_shape = (
+            tuple(1 if d in axes else n for d, n in enumerate(shape))
+            if keepdims
+            else tuple(shape[d] for d in kept)
+        )
+        if all(shape[d] == 1 for d in axes):  # nothing to reduce
+            return _LaxOps.reshape(a, out_shape)
+        found = _BROADCASTS.of(a)
+        if found is not None and axes:
+            # any() over a broadcast axis is the source itself: reduce only the
+            # source's own axes, then broadcast the (smaller) result
+            source, dims = found
+            own = tuple(k for k, d in enumerate(dims) if d in axes)
+            reduced = lax.reduce_or(source, own) if own else source
+            left = [d for d in dims if d not in axes]
+            if keepdims:
+                new_dims = left
+            else:
+                new_dims = [kept.index(d) for d in left]
+            return lax_broadcast_in_dim(reduced, out_shape, new_dims)
         out = lax.reduce_or(a, axes) if axes else a
         if keepdims:
-            out = lax.reshape(out, tuple(1 if d in axes else n for d, n in enumerate(shape)))
+            out = lax.reshape(out, out_shape)
         return out
 
     @staticmethod
     def reshape(a, shape):
         shape = tuple(shape)
-        return a if np.shape(a) == shape else lax.reshape(a, shape)
+        if np.shape(a) == shape:
+            return a
+        found = _BROADCASTS.of(a)
+        if found is not None:
+            moved = _reshape_broadcast(found[0], found[1], tuple(np.shape(a)), shape)
+            if moved is not None:
+                return moved
+        return lax.reshape(a, shape)
+
+    @staticmethod
+    def transpose(a, perm):
+        perm = tuple(int(p) for p in perm)
+        if perm == tuple(range(len(perm))):
+            return a
+        found = _BROADCASTS.of(a)
+        if found is not None:
+            source, dims = found
+            inverse = [perm.index(d) for d in range(len(perm))]
+            return lax_broadcast_in_dim(
+                source, tuple(np.shape(a)[p] for p in perm), [inverse[d] for d in dims]
+            )
+        return lax.transpose(a, perm)
 
     @staticmethod
     def broadcast_to(a, shape):
@@ -105,10 +257,64 @@ class _LaxOps:
         if sa == shape:
             return a
         offset = len(shape) - len(sa)
-        keep = [d for d, n in enumerate(sa) if n == shape[offset + d]]
-        if len(keep) != len(sa):  # size-1 dims broadcast: drop them first
-            a = lax.reshape(a, tuple(sa[d] for d in keep))
-        return lax.broadcast_in_dim(a, shape, tuple(offset + d for d in keep))
+        return lax_broadcast_in_dim(a, shape, tuple(offset + d for d in range(len(sa))))
+
+    @staticmethod
+    def broadcast_in_dim(a, shape, dims):
+        return lax_broadcast_in_dim(a, shape, dims)
+
+
+def _reshape_groups(old, new):
+    """Pair runs of axes of ``old`` and ``new`` with equal products (the
+    row-major correspondence of a reshape); None if size-0 axes make it
+    ambiguous."""
+    if 0 in old or 0 in new:
+        return None
+    groups, i, j = [], 0, 0
+    while i < len(old) or j < len(new):
+        gi, gj = [i] if i < len(old) else [], [j] if j < len(new) else []
+        pi = old[i] if i < len(old) else 1
+        pj = new[j] if j < len(new) else 1
+        i, j = i + len(gi), j + len(gj)
+        while pi != pj:
+            if pi < pj:
+                if i >= len(old):
+                    return None
+                gi.append(i)
+                pi *= old[i]
+                i += 1
+            else:
+                if j >= len(new):
+                    return None
+                gj.append(j)
+                pj *= new[j]
+                j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def _reshape_broadcast(source, dims, old, new):
+    """A reshape of ``broadcast(source, old, dims)`` as a broadcast into
+    ``new``, when every group of axes the reshape merges or splits is either
+    entirely broadcast or a single source axis kept as it is; else None."""
+    groups = _reshape_groups(old, new)
+    if groups is None:
+        return None
+    new_dims = []
+    for gi, gj in groups:
+        own = [d for d in gi if d in dims]
+        if not own:
+            continue  # broadcast-only (or size-1) axes: still broadcast
+        real_i = [d for d in gi if old[d] != 1]
+        real_j = [d for d in gj if new[d] != 1]
+        if own != real_i or len(real_i) != 1 or len(real_j) != 1:
+            return None
+        if any(old[d] == 1 for d in own if d not in real_i):
+            return None
+        new_dims.append(real_j[0])
+    if len(new_dims) != len(dims):
+        return None
+    return lax_broadcast_in_dim(source, new, new_dims)
 
 
 lax_ops = _LaxOps()

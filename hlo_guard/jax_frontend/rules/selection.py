@@ -21,7 +21,15 @@ from __future__ import annotations
 import numpy as np
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
-from hlo_guard.jax_frontend.mask_ops import and_, broadcast_to, normalize, reduce_to_shape, xp
+from hlo_guard.jax_frontend.mask_ops import (
+    and_,
+    broadcast_to,
+    is_static,
+    lax_ops,
+    normalize,
+    reduce_to_shape,
+    xp,
+)
 from hlo_guard.jax_frontend.rules.base import (
     JaxRule,
     LazyMasks,
@@ -56,6 +64,28 @@ def forward_chosen(fa, node, ins):
     placed = forward_placed(fa, node, ins)[0]
     out = placed if not placed.is_live else partial_by(fa.graph.origin(node))
     return [out] * len(eqn.outvars)
+
+
+def predicate_value(mctx, var):
+    """The value of a select's predicate, as a remembered broadcast when the
+    program made it with ``broadcast_in_dim`` (``jnp.where`` broadcasts its
+    ``[B, T, 1]`` condition to the operands' shape): masks built from it then
+    stay at the predicate's own shape until a guard needs the full one."""
+    value = mctx.value(var)
+    if is_literal(var) or is_static(value):
+        return value
+    producer = mctx.graph.producer(var)
+    if producer is None:
+        return value
+    eqn = mctx.graph.eqns[producer[0]]
+    if eqn.primitive.name != "broadcast_in_dim" or len(eqn.invars) != 1:
+        return value
+    source = eqn.invars[0]
+    if is_literal(source) or np.dtype(source.aval.dtype) != np.dtype(var.aval.dtype):
+        return value
+    return lax_ops.broadcast_in_dim(
+        predicate_value(mctx, source), aval_shape(var), eqn.params["broadcast_dimensions"]
+    )
 
 
 class SelectN(JaxRule):
@@ -93,7 +123,7 @@ class SelectN(JaxRule):
     @staticmethod
     def _case_chosen(mctx, eqn, k):
         """Lanes where the select takes case ``k`` (a bool predicate: 0 = False)."""
-        p = mctx.value(eqn.invars[0])
+        p = predicate_value(mctx, eqn.invars[0])
         m = xp(p)
         if np.dtype(eqn.invars[0].aval.dtype) == np.bool_:
             return p if k == 1 else m.logical_not(p)

@@ -24,7 +24,7 @@ import numpy as np
 
 import passes.rules as passes_rules
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
-from hlo_guard.jax_frontend.mask_ops import is_static, materialize, normalize, xp
+from hlo_guard.jax_frontend.mask_ops import is_static, lax_ops, materialize, normalize, xp
 from hlo_guard.jax_frontend.rules.base import (
     JaxRule,
     aval_shape,
@@ -129,16 +129,26 @@ class _LinearProbe:
         self.diff = diff_indices(eqn)
         self.bilinear = bilinear
         self.value_dependent = value_dependent
-        self.vals = [
-            self._zeros(i) if i in self.diff and not value_dependent else mctx.value(v)
-            for i, v in enumerate(eqn.invars)
-        ]
-        self.static = all(is_static(x) for x in self.vals) and all(is_static(x) for x in seeds)
+        probed = set() if value_dependent else set(self.diff)
+        known = {i: mctx.value(v) for i, v in enumerate(eqn.invars) if i not in probed}
+        self.static = all(is_static(x) for x in known.values()) and all(is_static(x) for x in seeds)
+        self.vals = [known[i] if i in known else self._filled(i, 0) for i in range(len(eqn.invars))]
         self.prim, self.params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
 
-    def _zeros(self, i):
+    def _filled(self, i, value):
+        """A probe point of input ``i``'s shape.  Traced probes use ``lax.full``
+        (one broadcast of a literal) rather than a numpy array: a numpy array
+        of an activation's shape would be captured as a constant of the
+        guarded jaxpr, and every such constant is lowered into the HLO and
+        costs compile time even though XLA then removes it as dead."""
         v = self.eqn.invars[i]
-        return np.zeros(aval_shape(v), dtype=v.aval.dtype)
+        shape, dtype = aval_shape(v), v.aval.dtype
+        if self.static:
+            return np.full(shape, value, dtype=dtype)
+        return jax.lax.full(shape, value, dtype)
+
+    def _zeros(self, i):
+        return self._filled(i, 0)
 
     def groups(self):
         return [[i] for i in self.diff] if self.bilinear else [self.diff]
@@ -151,8 +161,7 @@ class _LinearProbe:
             if self.bilinear:
                 for j in self.diff:
                     if j not in group:
-                        v = self.eqn.invars[j]
-                        args[j] = np.ones(aval_shape(v), dtype=v.aval.dtype)
+                        args[j] = self._filled(j, 1)
             out = self.prim.bind(*args, **self.params)
             return list(out) if self.prim.multiple_results else [out]
 
@@ -308,15 +317,119 @@ class DotGeneral(Structural):
 def _place(m, mask, shape, dims):
     """Broadcast ``mask`` into ``shape``, its axis k landing on ``dims[k]``."""
     dims = list(dims)
+    shape = tuple(shape)
+    if m is not np:  # broadcast_in_dim orders the axes itself (and remembers the source)
+        return lax_ops.broadcast_in_dim(mask, shape, tuple(dims))
     order = sorted(range(len(dims)), key=lambda k: dims[k])
     if order != list(range(len(dims))):
-        mask = np.transpose(mask, order) if m is np else jax.lax.transpose(mask, order)
+        mask = np.transpose(mask, order)
     dims = sorted(dims)
-    shape = tuple(shape)
-    if m is np:
-        expanded = np.reshape(mask, tuple(shape[d] if d in dims else 1 for d in range(len(shape))))
-        return np.broadcast_to(expanded, shape)
-    return jax.lax.broadcast_in_dim(mask, shape, tuple(dims))
+    expanded = np.reshape(mask, tuple(shape[d] if d in dims else 1 for d in range(len(shape))))
+    return np.broadcast_to(expanded, shape)
+
+
+class _BoolLayout(Structural):
+    """Shape-only primitives whose masks are computed on the bool masks
+    directly: ``reshape``, ``squeeze``, ``transpose``, ``broadcast_in_dim``,
+    ``reduce_sum``.
+
+    The generic rule (JAX's VJP of the operation on the float mask) is right
+    for these too, but costs a ``convert``, the float operation and a ``ne``
+    per mask, and those extra float ops split XLA's fusions in the gradient.
+    The answers are the same by construction: each method is the boolean
+    counterpart of the operation's transpose (``reduce_or`` where the VJP
+    sums).  Forms with dynamic-shape operands fall back to the generic rule.
+    """
+
+    def _direct(self, eqn) -> bool:
+        return len(eqn.invars) == 1 and bool(diff_indices(eqn))
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        out = out_masks[0]
+        if not self._direct(eqn) or out is ALL or out is NONE:
+            return super().input_masks(mctx, node, eqn, out_masks)
+        return [normalize(self.pull(eqn, xp(out), out))]
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        m = in_masks[0]
+        if not self._direct(eqn) or m is ALL or m is NONE:
+            return super().forward_masks(mctx, node, eqn, in_masks)
+        return [normalize(self.push(eqn, xp(m), m))]
+
+    def pull(self, eqn, m, out):
+        """Input mask from the output mask."""
+        raise NotImplementedError
+
+    def push(self, eqn, m, mask):
+        """Output mask from the input mask."""
+        raise NotImplementedError
+
+
+class _Squeeze(_BoolLayout):
+    """``squeeze`` (and ``reshape`` without a transposition) keep the lanes
+    in row-major order: the mask is reshaped."""
+
+    def pull(self, eqn, m, out):
+        return m.reshape(out, aval_shape(eqn.invars[0]))
+
+    def push(self, eqn, m, mask):
+        return m.reshape(mask, aval_shape(eqn.outvars[0]))
+
+
+class _Reshape(_Squeeze):
+    def _direct(self, eqn):
+        return super()._direct(eqn) and eqn.params.get("dimensions") is None
+
+
+class _Transpose(_BoolLayout):
+    def pull(self, eqn, m, out):
+        return _transpose(m, out, tuple(int(k) for k in np.argsort(eqn.params["permutation"])))
+
+    def push(self, eqn, m, mask):
+        return _transpose(m, mask, tuple(eqn.params["permutation"]))
+
+
+class _BroadcastInDim(_BoolLayout):
+    @staticmethod
+    def _expanded(eqn):
+        """Operand axes of size 1 that are stretched to a larger size."""
+        in_shape, out_shape = aval_shape(eqn.invars[0]), aval_shape(eqn.outvars[0])
+        dims = eqn.params["broadcast_dimensions"]
+        return [k for k, d in enumerate(dims) if in_shape[k] == 1 and out_shape[d] != 1]
+
+    def pull(self, eqn, m, out):
+        dims = [int(d) for d in eqn.params["broadcast_dimensions"]]
+        new_axes = tuple(d for d in range(len(np.shape(out))) if d not in dims)
+        kept = m.any(out, axis=new_axes) if new_axes else out  # axes in operand order
+        stretched = tuple(self._expanded(eqn))
+        if stretched:
+            kept = m.any(kept, axis=stretched, keepdims=True)
+        return m.reshape(kept, aval_shape(eqn.invars[0]))
+
+    def push(self, eqn, m, mask):
+        dims = [int(d) for d in eqn.params["broadcast_dimensions"]]
+        stretched = self._expanded(eqn)
+        in_shape = aval_shape(eqn.invars[0])
+        if stretched:  # drop the size-1 axes; the broadcast fills them
+            mask = m.reshape(mask, tuple(n for k, n in enumerate(in_shape) if k not in stretched))
+            dims = [d for k, d in enumerate(dims) if k not in stretched]
+        return _place(m, mask, aval_shape(eqn.outvars[0]), dims)
+
+
+class _ReduceSum(_BoolLayout):
+    def pull(self, eqn, m, out):
+        axes = set(eqn.params["axes"])
+        in_shape = aval_shape(eqn.invars[0])
+        return _place(m, out, in_shape, [d for d in range(len(in_shape)) if d not in axes])
+
+    def push(self, eqn, m, mask):
+        return m.any(mask, axis=tuple(eqn.params["axes"]))
+
+
+def _transpose(m, mask, perm):
+    if perm == tuple(range(len(perm))):
+        return mask
+    return np.transpose(mask, perm) if m is np else lax_ops.transpose(mask, perm)
 
 
 class MixingLinear(JaxRule):
@@ -386,15 +499,15 @@ def _as_cumsum(eqn):
 
 def register(table):
     same = Structural()
+    table.register("reshape", _Reshape())
+    table.register("squeeze", _Squeeze())
+    table.register("transpose", _Transpose())
+    table.register("broadcast_in_dim", _BroadcastInDim())
+    table.register("reduce_sum", _ReduceSum())
     table.register(
         [
-            "broadcast_in_dim",
-            "reshape",
-            "squeeze",
-            "transpose",
             "rev",
             "concatenate",
-            "reduce_sum",
             "cumsum",
             "tile",
             "stack",

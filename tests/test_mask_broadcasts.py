@@ -1,0 +1,200 @@
+"""Masks stay at the predicate's shape until a guard needs the full one.
+
+Unit tests of the broadcast-aware mask operations (``mask_ops``) and of the
+boolean layout rules (``rules/structural.py``): every result is compared with
+numpy on the materialised masks (the oracle), and the traced program is checked
+for the work the broadcast form saves -- a test that would pass with the naive
+implementation checks nothing about it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from hlo_guard import guard
+from hlo_guard.jax_frontend import mask_ops
+from hlo_guard.jax_frontend.mask_ops import lax_ops
+
+RNG = np.random.default_rng(7)
+
+
+def traced(fn, *arrays):
+    """``fn`` applied to ``arrays`` as tracers: (result as numpy, jaxpr)."""
+    closed = jax.make_jaxpr(fn)(*arrays)
+    out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *arrays)
+    return np.asarray(out[0] if isinstance(out, (list, tuple)) else out), closed.jaxpr
+
+
+def prims(jaxpr):
+    return [e.primitive.name for e in jaxpr.eqns]
+
+
+def used_prims(jaxpr):
+    """Primitives of the equations the outputs depend on (broadcasts made
+    only in case a rule wants them stay in the trace, dead)."""
+    from jax.extend.core import Var
+
+    needed = {v for v in jaxpr.outvars if isinstance(v, Var)}
+    names = []
+    for e in reversed(jaxpr.eqns):
+        if any(o in needed for o in e.outvars):
+            names.append(e.primitive.name)
+            needed.update(v for v in e.invars if isinstance(v, Var))
+    return names
+
+
+def bcast(src, shape, dims):
+    """The oracle: numpy broadcast of ``src`` into ``shape`` along ``dims``."""
+    expanded = np.reshape(src, [shape[d] if d in dims else 1 for d in range(len(shape))])
+    return np.broadcast_to(expanded, shape)
+
+
+@pytest.mark.parametrize("axes", [(2,), (0, 1), (1, 2), (0, 1, 2), (3,), (1, 3)])
+def test_any_over_a_broadcast_reduces_only_the_source(axes):
+    src = RNG.random((2, 5)) > 0.6
+    shape, dims = (2, 3, 5, 4), (0, 2)
+
+    def f(s):
+        return lax_ops.any(lax_ops.broadcast_in_dim(s, shape, dims), axis=axes)
+
+    got, jaxpr = traced(f, src)
+    np.testing.assert_array_equal(got, np.any(bcast(src, shape, dims), axis=axes))
+    # the only reduction (if any) is over the small source, never the 4-d mask
+    for e in jaxpr.eqns:
+        if e.primitive.name == "reduce_or":
+            assert e.invars[0].aval.shape == src.shape
+
+
+def test_and_or_not_of_broadcasts_work_on_the_sources():
+    a = RNG.random((4, 1)) > 0.5  # [B, 1] stretched over the last axis
+    b = RNG.random((4,)) > 0.5
+    shape = (4, 6)
+
+    def f(x, y):
+        bx = lax_ops.broadcast_to(x, shape)
+        by = lax_ops.broadcast_in_dim(y, shape, (0,))
+        both = lax_ops.logical_and(bx, by)
+        return lax_ops.logical_or(lax_ops.logical_not(both), by)
+
+    got, jaxpr = traced(f, a, b)
+    ba, bb = np.broadcast_to(a, shape), bcast(b, shape, (0,))
+    np.testing.assert_array_equal(got, ~(ba & bb) | bb)
+    for e in jaxpr.eqns:
+        if e.primitive.name in ("and", "or", "not"):
+            assert e.outvars[0].aval.shape == (4,), "bitwise op at the full shape"
+
+
+@pytest.mark.parametrize(
+    "shape,dims,new",
+    [
+        ((2, 8, 16), (0, 1), (2, 8, 2, 8)),  # split a broadcast axis (heads)
+        ((2, 8, 2, 8), (0, 1), (2, 8, 16)),  # merge broadcast axes back
+        ((2, 8, 16), (0, 1), (16, 16)),  # merge a source axis: not a broadcast any more
+        ((2, 8, 16), (2,), (2, 8, 4, 4)),  # split the source axis: materialised
+        ((3, 1, 4), (0,), (3, 4)),  # drop a size-1 axis
+    ],
+)
+def test_reshape_of_a_broadcast(shape, dims, new):
+    src = RNG.random([shape[d] for d in dims]) > 0.5
+
+    def f(s):
+        return lax_ops.reshape(lax_ops.broadcast_in_dim(s, shape, dims), new)
+
+    got, _ = traced(f, src)
+    np.testing.assert_array_equal(got, np.reshape(bcast(src, shape, dims), new))
+
+
+@pytest.mark.parametrize("perm", list(itertools.permutations(range(3))))
+def test_transpose_of_a_broadcast(perm):
+    src = RNG.random((2, 4)) > 0.5
+    shape, dims = (2, 3, 4), (0, 2)
+
+    def f(s):
+        return lax_ops.transpose(lax_ops.broadcast_in_dim(s, shape, dims), perm)
+
+    got, jaxpr = traced(f, src)
+    np.testing.assert_array_equal(got, np.transpose(bcast(src, shape, dims), perm))
+    assert "transpose" not in used_prims(jaxpr) or perm_moves_source(dims, perm)
+
+
+def perm_moves_source(dims, perm):
+    """A transpose of the broadcast is needed only if it reorders source axes."""
+    order = [perm.index(d) for d in dims]
+    return order != sorted(order)
+
+
+def test_broadcast_entries_do_not_outlive_their_mask():
+    before = len(mask_ops._BROADCASTS._by_id)
+
+    def f(s):
+        return lax_ops.any(lax_ops.broadcast_in_dim(s, (3, 4), (0,)), axis=0)
+
+    jax.make_jaxpr(f)(np.ones(3, bool))
+    import gc
+
+    gc.collect()
+    assert len(mask_ops._BROADCASTS._by_id) == before
+
+
+# -- the boolean layout rules against JAX's own transpose on float masks ------
+
+
+LAYOUT_CASES = [
+    ("reshape", lambda x: jnp.reshape(x, (4, 3, 2)), (2, 3, 4)),
+    ("squeeze", lambda x: lax.squeeze(x, (1,)), (3, 1, 4)),
+    ("transpose", lambda x: jnp.transpose(x, (2, 0, 1)), (2, 3, 4)),
+    ("broadcast_in_dim", lambda x: lax.broadcast_in_dim(x, (2, 5, 3, 4), (0, 2, 3)), (2, 1, 4)),
+    ("reduce_sum", lambda x: jnp.sum(x, axis=(0, 2)), (2, 3, 4)),
+]
+
+
+@pytest.mark.parametrize("name,op,shape", LAYOUT_CASES, ids=[c[0] for c in LAYOUT_CASES])
+def test_layout_rule_masks_equal_the_transposed_float_mask(name, op, shape):
+    """Guarding ``sqrt`` under ``where(m, op(sqrt(x)), 0)``: the gradient is
+    the per-lane oracle (JAX's own VJP of ``op`` on the float mask says which
+    ``x`` lanes are live), and the mask arithmetic has no float ops."""
+    x = jnp.asarray(RNG.random(shape) * (RNG.random(shape) > 0.3), jnp.float32)
+    out_shape = jax.eval_shape(op, x).shape
+    m = jnp.asarray(RNG.random(out_shape) > 0.4)
+
+    def f(x, m):
+        return jnp.sum(jnp.where(m, op(jnp.sqrt(x)), 0.0))
+
+    live = np.asarray(jax.vjp(op, jnp.zeros(shape))[1](m.astype(jnp.float32))[0]) != 0
+    got = np.asarray(jax.grad(guard(f))(x, m))
+    np.testing.assert_array_equal(got, np.asarray(jax.grad(lambda x: f_oracle(op, x, m))(x)))
+    assert np.all(got[~live] == 0)
+    jaxpr = jax.make_jaxpr(guard(f))(x, m).jaxpr
+    via_floats = [
+        e.primitive.name
+        for e in jaxpr.eqns
+        if e.primitive.name == "convert_element_type" and e.invars[0].aval.dtype == np.bool_
+    ]
+    assert not via_floats, "the mask went through a float array"
+
+
+def f_oracle(op, x, m):
+    """Double where: the dead lanes of ``x`` never reach ``sqrt``'s derivative."""
+    live = jax.vjp(op, jnp.zeros_like(x))[1](m.astype(x.dtype))[0] != 0
+    safe = jnp.where(live, x, 1.0)
+    return jnp.sum(jnp.where(m, op(jnp.where(live, jnp.sqrt(safe), 0.0)), 0.0))
+
+
+def test_guarded_jaxpr_captures_no_activation_sized_constants():
+    """Probing a structural op for its mask used to capture numpy zeros of the
+    operand's shape as jaxpr constants, lowered into the HLO of every jit."""
+    x = jnp.ones((4, 6, 8))
+
+    def f(x):
+        y = jnp.sqrt(x)[:, 1:5, ::2]  # slice: the generic (VJP) rule
+        return jnp.sum(jnp.where(y > 1.0, y, 0.0))
+
+    closed = jax.make_jaxpr(guard(f))(x)
+    big = [c.shape for c in closed.consts if np.size(c) > 1]
+    assert not big, big
