@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -36,6 +37,7 @@ from hlo_guard.jax_frontend.graph import DropVar, Literal, is_inexact_aval
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
 from hlo_guard.jax_frontend.rules import RULES
 from hlo_guard.jax_frontend.rules.calls import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
+from hlo_guard.jax_frontend.shared_primal import can_share, share_side_primal
 from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis, analyze_forward
 from passes.lattice import LIVE
@@ -164,6 +166,10 @@ class Scope:
         self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
         self.children: dict[Any, Scope] = {}
         self.skipped = _SkipLog(analysis.notes.setdefault("_skipped", set()))
+        # set while a gradient-mode run() evaluates: side values are then kept
+        # differentiable so that the guarded evaluation can share them
+        # (:mod:`shared_primal`); mask-only scopes stop their gradients
+        self._sharing = False
 
     # -- values ------------------------------------------------------------------
     def value(self, atom):
@@ -221,7 +227,21 @@ class Scope:
             return atom.val
         if atom in self.shadow:
             return self.shadow[atom]
-        return stop_if_inexact(self.value(atom))
+        value = self.value(atom)
+        return value if self._sharing else stop_if_inexact(value)
+
+    def _shared_side(self, eqn):
+        """Side values of ``eqn``'s outputs that the guarded evaluation can
+        take as its own primal values, or None."""
+        name = eqn.primitive.name
+        if not self._sharing or (name in BINDERS and name not in _SHARED_CALLS):
+            return None
+        side = []
+        for ov in eqn.outvars:
+            if isinstance(ov, DropVar) or ov not in self.shadow:
+                return None
+            side.append(self.shadow[ov])
+        return side if can_share(eqn, side) else None
 
     # -- masks -------------------------------------------------------------------
     def _input_masks(self, node, out_masks):
@@ -402,6 +422,7 @@ class Scope:
         sites = sites_by_node(self.analysis)
         out_sites = output_sites_by_node(self.analysis)
         env = self.env
+        self._sharing = self.mode == "gradient"
         for node, eqn in enumerate(self.graph.eqns):
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
             with eqn_context(eqn):
@@ -410,10 +431,18 @@ class Scope:
                 for site in node_sites:
                     if site.index not in wide:
                         invals[site.index] = self.guard(node, site, invals[site.index])
-                if wide:
-                    outs = bind_with_broadcast_guards(eqn, invals, wide)
+                side = self._shared_side(eqn)
+                if side is None:
+                    outs = (
+                        bind_with_broadcast_guards(eqn, invals, wide)
+                        if wide
+                        else self._bind(node, eqn, invals)
+                    )
+                elif eqn.primitive.name in _SHARED_CALLS and self._rewrites(node, eqn):
+                    fn, passed = _guarded_call(self, node, eqn, len(invals))
+                    outs = share_side_primal(side, partial(_call_with, fn), invals, passed)
                 else:
-                    outs = self._bind(node, eqn, invals)
+                    outs = _bind_sharing(eqn, invals, wide, side)
                 for ov, o in zip(eqn.outvars, outs):
                     if not isinstance(ov, DropVar):
                         env[ov] = o
@@ -441,14 +470,39 @@ class Scope:
                 fixed.append(ALL if lv.is_live else NONE)
         return passed, fixed
 
+    def _rewrites(self, node, eqn) -> bool:
+        """Whether call/control-flow ``node`` is re-bound with a guarded body."""
+        subs = [self.analysis.subs.get((node, k)) for k in range(_n_bodies(eqn))]
+        return any(s is not None and needs_rewrite(s) for s in subs)
+
     def _bind(self, node, eqn, invals):
-        name = eqn.primitive.name
-        binder = BINDERS.get(name)
-        if binder is not None:
-            subs = [self.analysis.subs.get((node, k)) for k in range(_n_bodies(eqn))]
-            if any(s is not None and needs_rewrite(s) for s in subs):
-                return binder(self, node, eqn, invals)
+        binder = BINDERS.get(eqn.primitive.name)
+        if binder is not None and self._rewrites(node, eqn):
+            return binder(self, node, eqn, invals)
         return bind_eqn(eqn, invals)
+
+
+def _bind_sharing(eqn, invals, wide, side):
+    """Bind ``eqn`` with ``side`` as its primal outputs (see
+    :mod:`shared_primal`); its tangents come from the guarded binding."""
+    if not wide:
+        return share_side_primal(side, partial(_bind_plain, eqn), invals)
+    index = sorted(wide)
+    shape = tuple(eqn.outvars[0].aval.shape)
+    masks = [to_guard_mask(wide[i], shape) for i in index]
+    return share_side_primal(side, partial(_bind_wide, eqn, index), invals, masks)
+
+
+def _call_with(fn, xs, masks):
+    return list(fn(*xs, *masks))
+
+
+def _bind_plain(eqn, xs, masks):
+    return bind_eqn(eqn, xs)
+
+
+def _bind_wide(eqn, index, xs, masks):
+    return bind_with_broadcast_guards(eqn, xs, dict(zip(index, masks)))
 
 
 def bind_with_broadcast_guards(eqn, invals, masks):
@@ -583,6 +637,13 @@ def _guarded_body(
 
 
 def _bind_call(scope: Scope, node, eqn, invals):
+    fn, passed = _guarded_call(scope, node, eqn, len(invals))
+    return list(fn(*invals, *passed))
+
+
+def _guarded_call(scope: Scope, node, eqn, n_invals):
+    """The guarded body of call ``node`` as a function of (inputs, passed
+    output masks), and the masks to pass."""
     sub = scope.analysis.subs[(node, 0)]
     passed, fixed = scope.output_masks_for(node, sub)
     nested = scope.body_nested(node)
@@ -590,7 +651,7 @@ def _bind_call(scope: Scope, node, eqn, invals):
     fn = scope.analysis.notes.get(key)
     if fn is None:
         body, consts = body_of(eqn)
-        inner = _guarded_body(sub, consts, len(invals), fixed, scope.mode, nested)
+        inner = _guarded_body(sub, consts, n_invals, fixed, scope.mode, nested)
         name = eqn.primitive.name
         if name == "remat2":
             fn = jax.checkpoint(
@@ -605,7 +666,7 @@ def _bind_call(scope: Scope, node, eqn, invals):
             else:
                 fn = inner
         scope.analysis.notes[key] = fn
-    return list(fn(*invals, *passed))
+    return fn, passed
 
 
 def _run_body(sub, consts):
@@ -704,6 +765,10 @@ def _bind_shard_map(scope: Scope, node, eqn, invals):
     )
     return list(mapped(*invals))
 
+
+#: calls whose guarded re-binding may take side values as its primal outputs
+#: (``remat2`` is left out: its point is to recompute, not to share)
+_SHARED_CALLS = {"jit", "closed_call"}
 
 BINDERS = {
     "jit": _bind_call,

@@ -1,0 +1,108 @@
+"""One forward computation for values a mask needed early.
+
+A guard's mask can depend on a value computed after the guarded operation (the
+second RMS norm's ``mean(y * y) > 0`` in a transformer block decides which
+lanes of the first projection are live).  The interpreter then computes that
+value once on the side, before the guarded evaluation reaches it.  The guarded
+evaluation computes the same values again, and in a *derivative* program XLA
+does not merge the two copies: its algebraic simplifier rewrites each copy
+according to its users (the guarded copy also feeds the JVP), so they differ
+by the time CSE runs, and every matmul on the way is done twice.
+
+So when the guarded evaluation reaches an equation whose outputs were computed
+on the side, it takes the side values as its primal outputs and computes only
+the *tangents* from the guarded inputs: :func:`share_side_primal` is a
+``custom_jvp`` whose primal is the side values and whose JVP is the
+equation's own JVP at the guarded inputs.  The program holds one copy of the
+forward; the derivative is exactly the guarded one.  Side values must then
+carry derivatives themselves (an outer transformation, as in
+``jax.hessian``, differentiates through them), which is why the side
+evaluation does not stop gradients when it may be shared.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+from jax.extend import core as jax_extend_core
+
+from hlo_guard.jax_frontend.graph import is_inexact_aval
+
+#: primitives whose second copy costs real work: contractions.  Cheaper
+#: equations are left to XLA (and to its CSE, which usually merges them): a
+#: shared equation's gradient is assembled differently, so XLA may round its
+#: last bit differently, and that is only worth it where a matmul is saved.
+CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated", "ragged_dot_general"})
+
+
+def can_share(eqn, side: Sequence[Any] | None) -> bool:
+    """Floating outputs of an effect-free equation that contracts (directly
+    or inside a call), all of them known."""
+    if side is None or eqn.effects:
+        return False
+    if not all(is_inexact_aval(ov.aval) for ov in eqn.outvars):
+        return False
+    return contracts(eqn)
+
+
+def contracts(eqn) -> bool:
+    """Whether ``eqn`` is, or calls a body containing, a contraction."""
+    if eqn.primitive.name in CONTRACTIONS:
+        return True
+    return any(_body_contracts(j) for j in jax_extend_core.jaxprs_in_params(eqn.params))
+
+
+_CONTRACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _body_contracts(jaxpr) -> bool:
+    found = _CONTRACTS.get(jaxpr)
+    if found is None:
+        found = any(contracts(e) for e in jaxpr.eqns)
+        _CONTRACTS[jaxpr] = found
+    return found
+
+
+def share_side_primal(
+    side: Sequence[Any],
+    compute: Callable[[list[Any], list[Any]], list[Any]],
+    invals: Sequence[Any],
+    extra: Sequence[Any] = (),
+) -> list[Any]:
+    """Outputs whose values are ``side`` and whose tangents are those of
+    ``compute(invals, extra)``.
+
+    ``extra`` (masks) reaches ``compute`` as arguments, never through its
+    closure: under ``jax.jit`` the JVP rule runs later, when the jit is
+    differentiated, and a closed-over tracer of the first trace would have
+    escaped by then.  ``compute`` itself may close over static data only."""
+    n, n_extra = len(invals), len(extra)
+
+    @jax.custom_jvp
+    def shared(*args):
+        return list(args[n + n_extra :])
+
+    def shared_jvp(primals, tangents):
+        ins = list(primals[:n])
+        masks = list(primals[n : n + n_extra])
+        values = list(primals[n + n_extra :])
+        live = [i for i in range(n) if not isinstance(tangents[i], SymbolicZero)]
+        if not live:
+            return values, [lax.full_like(v, 0) for v in values]
+
+        def of_live(*xs):
+            args = list(ins)
+            for i, x in zip(live, xs):
+                args[i] = x
+            return list(compute(args, masks))
+
+        _, t_out = jax.jvp(of_live, [ins[i] for i in live], [tangents[i] for i in live])
+        return values, list(t_out)
+
+    shared.defjvp(shared_jvp, symbolic_zeros=True)
+    return list(shared(*invals, *extra, *side))
