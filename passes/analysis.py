@@ -16,7 +16,7 @@ from typing import Any
 
 from passes.graph import Graph
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all
-from passes.rules import ForwardRule, RuleTable, conservative_transfer
+from passes.rules import ForwardRule, RuleTable, conservative_transfer, implements
 
 Use = tuple[int, int]  # (node, input index)
 
@@ -178,7 +178,7 @@ def analyze_forward(graph, rules: RuleTable, in_liveness: Sequence[Liveness]) ->
             continue
         rule = rules.get(graph.op_name(node))
         outputs = graph.node_outputs(node)
-        if isinstance(rule, ForwardRule):
+        if implements(rule, ForwardRule):
             outs = rule.forward(result, node, ins)
         else:
             outs = [LIVE] * len(outputs)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from passes.analysis import Analysis
 from passes.lattice import Level, Liveness
-from passes.rules import ForwardRule
+from passes.rules import ForwardRule, implements
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def plan_output_guards(backward: Analysis, forward) -> list[OutputGuardSite]:
     sites: list[OutputGuardSite] = []
     for node in range(graph.node_count()):
         rule = rules.get(graph.op_name(node))
-        if not isinstance(rule, ForwardRule):
+        if not implements(rule, ForwardRule):
             continue
         for j, v in enumerate(graph.node_outputs(node)):
             if v is None or not graph.carries_derivative(v):

@@ -557,3 +557,27 @@ def test_structural_transfer_drops_select_partition_in_both_front_ends():
         through_rev = rule.transfer(analysis, 0, [case1])[0]
         assert through_rev.partition is None, type(rule).__module__
         assert not case0.join(through_rev).is_live, type(rule).__module__
+
+
+def test_implements_answers_like_isinstance_and_memoises_per_class():
+    """``implements`` is the engine's protocol check: the same answer as
+    ``isinstance`` for rules with and without the optional methods, asked of
+    the class once (a runtime-checkable protocol check is slow)."""
+    from passes import rules as engine_rules
+
+    class WithForward:
+        def forward(self, analysis, node, ins):
+            return ins
+
+        def guards_output(self, analysis, node, index):
+            return False
+
+    class Without:
+        pass
+
+    for rule in (WithForward(), Without(), WithForward()):
+        assert engine_rules.implements(rule, engine_rules.ForwardRule) == isinstance(
+            rule, engine_rules.ForwardRule
+        )
+    assert (WithForward, engine_rules.ForwardRule) in engine_rules._IMPLEMENTS
+    assert engine_rules._IMPLEMENTS[(Without, engine_rules.ForwardRule)] is False

@@ -43,7 +43,7 @@ from passes.analysis import Analysis, analyze_forward
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
 from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
-from passes.rules import BroadcastOperandRule
+from passes.rules import BroadcastOperandRule, implements
 
 _MISSING = object()
 
@@ -385,7 +385,7 @@ class Scope:
         if len(eqn.outvars) != 1:
             return False
         rule = RULES.get(eqn.primitive.name)
-        return isinstance(rule, BroadcastOperandRule) and tuple(np.shape(x)) != tuple(
+        return implements(rule, BroadcastOperandRule) and tuple(np.shape(x)) != tuple(
             eqn.outvars[0].aval.shape
         )
 

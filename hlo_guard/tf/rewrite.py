@@ -41,7 +41,7 @@ from passes.analysis import Analysis, analyze
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
 from passes.planning import GuardSite, UnguardedSite, plan_guards
-from passes.rules import BroadcastOperandRule
+from passes.rules import BroadcastOperandRule, implements
 
 
 @dataclass
@@ -296,7 +296,7 @@ class Builder:
         op = self.graph.op(site.node)
         rule = RULES.get(op.type)
         out = op.outputs[0]
-        if not isinstance(rule, BroadcastOperandRule) or _same_static_shape(x, out):
+        if not implements(rule, BroadcastOperandRule) or _same_static_shape(x, out):
             return x, self.resolver.use_mask(site.node, site.index)
         out_masks = [self.resolver.value_mask(v) for v in self.graph.node_outputs(site.node)]
         mask = rule.broadcast_operand_mask(self, site.node, op, site.index, out_masks)
