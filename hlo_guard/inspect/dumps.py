@@ -179,12 +179,12 @@ def dump(
     """Text of ``fn`` (plain, ``guard(f)`` or ``guarded_jit(f)``) at these arguments:
     ``show='diff'`` (default), ``'guarded'`` (marked), ``'original'`` or ``'both'``.
     A TensorFlow-guarded function is dumped through XLA's compiler IR."""
-    from hlo_guard.inspect.explain_tf import TFDumps, is_tf_guarded
+    from hlo_guard.inspect.explain_tf import is_tf_guarded, tf_dumps
 
     if is_tf_guarded(fn):
         if kwargs:
             raise GuardUsageError("dumps of a TensorFlow function take positional arguments")
-        return TFDumps(fn, args).show(level, program, show)
+        return tf_dumps(fn, args).show(level, program, show)
     from hlo_guard.inspect.explain_tf import refuse_plain_tf
 
     with refuse_plain_tf(fn, args, kwargs, tool="hlo_guard.dump"):

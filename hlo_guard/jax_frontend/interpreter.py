@@ -20,7 +20,6 @@ guard whose mask would need one is skipped (conservative) and reported.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -30,13 +29,13 @@ import numpy as np
 from jax import lax
 from jax.core import eval_jaxpr
 from jax.custom_derivatives import SymbolicZero
-from jax.extend import source_info_util
 
+from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context, stop_if_inexact
 from hlo_guard.jax_frontend.compat import primitive_jvp
-from hlo_guard.jax_frontend.graph import DropVar, Literal, is_inexact_aval
+from hlo_guard.jax_frontend.graph import DropVar, Literal
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
 from hlo_guard.jax_frontend.rules import RULES
-from hlo_guard.jax_frontend.rules.calls import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
+from hlo_guard.jax_frontend.rules.bodies import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
 from hlo_guard.jax_frontend.shared_primal import can_share, share_side_primal
 from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis, analyze_forward
@@ -46,31 +45,6 @@ from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output
 from passes.rules import BroadcastOperandRule, implements
 
 _MISSING = object()
-
-
-@contextlib.contextmanager
-def eqn_context(eqn):
-    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-    with (
-        source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
-        eqn.ctx.manager,
-    ):
-        yield
-
-
-def bind_eqn(eqn, invals):
-    params = eqn.primitive.get_bind_params(eqn.params)
-    subfuns, bind_params = params if isinstance(params, tuple) else ([], params)
-    out = eqn.primitive.bind(*subfuns, *invals, **bind_params)
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def stop_if_inexact(x):
-    """Side computations feed masks only: cut them from every derivative.
-    Constants (non-tracers) carry no derivative and are left alone."""
-    if isinstance(x, jax.core.Tracer) and is_inexact_aval(x):
-        return lax.stop_gradient(x)
-    return x
 
 
 # -- per-analysis plan, cached on the analysis ---------------------------------
@@ -310,15 +284,17 @@ class Scope:
             return lax.stop_gradient(y)
         return lax.select(to_guard_mask(mask, np.shape(y)), y, lax.stop_gradient(y))
 
-    def child_masks(self, node: int, k: int, out_masks) -> Scope:
+    def child_masks(self, node: int, k: int, out_masks, analysis: Analysis | None = None) -> Scope:
         """A mask-only scope over the body of call ``node``, reading its inputs
-        from this scope's values (used to push masks through a call)."""
-        key = (node, k, tuple(id(m) for m in out_masks))
+        from this scope's values (used to push masks through a call).  The
+        body's analysis is the one the pass made of it, unless the rule brings
+        its own (a custom call's structure-only analysis)."""
+        key = (node, k, id(analysis), tuple(id(m) for m in out_masks))
         child = self.children.get(key)
         if child is None:
             eqn = self.graph.eqns[node]
             body, consts = body_of(eqn)
-            sub = self.analysis.subs[(node, k)]
+            sub = analysis if analysis is not None else self.analysis.subs[(node, k)]
             child = Scope(
                 sub,
                 consts,

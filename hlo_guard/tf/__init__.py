@@ -13,8 +13,8 @@ tape.gradient(y, x)                # [0, 0, .5, .25] at [-1, 0, 1, 4]
 """
 
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.tf.api import GuardedTFFunction, guard, guarded_function
-from hlo_guard.tf.report import build_report, compiler_ir, report, rule_names
+from hlo_guard.tf.api import GuardedTFFunction, compiler_ir, guard, guarded_function, report
+from hlo_guard.tf.report import build_report, rule_names
 
 __all__ = [
     "guard",

@@ -22,7 +22,10 @@ import tensorflow as tf
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.tf import compat
-from hlo_guard.tf.rewrite import BuildRecord, build_guarded
+from hlo_guard.tf.dumps import TFDumps, guard_compiler_ir
+from hlo_guard.tf.records import BuildRecord
+from hlo_guard.tf.report import TFReport, build_report
+from hlo_guard.tf.rewrite import build_guarded
 from hlo_guard.tf.tracing import trace, unsupported_reason
 
 
@@ -81,7 +84,7 @@ class GuardedTFFunction:
         return out
 
     def _build(self, args, kwargs):
-        traced = trace(self._tracer, args, kwargs)
+        traced = trace(self.original, args, kwargs)
         concrete = traced.concrete
         reason = unsupported_reason(traced)
         if reason:
@@ -136,6 +139,12 @@ class GuardedTFFunction:
             cache[key] = bound  # plain dict entry: not tracked by tf.Module/Keras
         return bound
 
+    @property
+    def original(self):
+        """The user's function as a ``tf.function``: what the guard traces,
+        and the unguarded side of dumps and comparisons."""
+        return self._tracer
+
     def get_concrete_function(self, *args, **kwargs):
         return self.wrapper.get_concrete_function(*args, **kwargs)
 
@@ -147,11 +156,14 @@ class GuardedTFFunction:
             raise GuardUsageError("no guard record for this trace")
         return record
 
-    def report(self, *args, **kwargs):
-        """A :class:`passes.report.Report` of the guards for these arguments."""
-        from hlo_guard.tf.report import report
-
-        return report(self, *args, **kwargs)
+    def report(self, *args, **kwargs) -> TFReport:
+        """A :class:`passes.report.Report` of the guards for these arguments;
+        with positional arguments only, ``.dumps(level, program, show)`` shows
+        XLA's view of the original and guarded programs."""
+        result = build_report(self.record_for(*args, **kwargs), self.__name__)
+        if not kwargs:  # XLA dumps take positional tensors
+            result._dumps = TFDumps(self, args).show
+        return result
 
     explain = report
 
@@ -228,3 +240,43 @@ def guarded_function(
     )
     outer.hlo_guard = guarded
     return outer
+
+
+# -- functions of any guarded TF function ----------------------------------------------
+
+
+def guard_of(fn) -> GuardedTFFunction:
+    """The guard behind ``fn``: ``fn`` itself (``guard``) or the one a
+    ``guarded_function`` carries as ``.hlo_guard``; anything else is a usage
+    error naming what was passed."""
+    if isinstance(fn, GuardedTFFunction):
+        return fn
+    inner = getattr(fn, "hlo_guard", None)
+    if isinstance(inner, GuardedTFFunction):
+        return inner
+    raise GuardUsageError(
+        f"expected a function made by hlo_guard.tf.guard or guarded_function, got {fn!r}"
+    )
+
+
+def report(fn, *args, **kwargs) -> TFReport:
+    """The guard report of ``fn`` (a guard or guarded_function) for these arguments;
+    ``.dumps(level, program, show)`` shows XLA's view of the original and guarded
+    programs, as the JAX report does."""
+    guarded = guard_of(fn)
+    # guarded_function used as a method: tf.function bound ``self`` through a
+    # TfMethodTarget, and the guard inside sees ``self`` as its first argument
+    target = getattr(getattr(fn, "__wrapped__", None), "__self__", None)
+    if target is not None and hasattr(target, "target") and hasattr(target, "weakrefself_func__"):
+        args = (target.target,) + tuple(args)
+    return guarded.report(*args, **kwargs)
+
+
+def compiler_ir(fn, *args, stage: str = "hlo", gradient: bool = False, guarded: bool = True):
+    """XLA IR of the (guarded or plain) jit function, or of its gradient.
+
+    ``gradient=True`` compiles ``tape.gradient(sum of outputs, float args)``;
+    ``guarded=False`` gives the same for the user's original function, for a
+    side-by-side diff.
+    """
+    return guard_compiler_ir(guard_of(fn), args, stage=stage, gradient=gradient, rewritten=guarded)

@@ -79,6 +79,7 @@ def _body_tangents(graph, forward, suspect_values, op):
 def guard_bodies(
     graph,
     library,
+    build_body,
     body_locations=None,
     depth: int = 0,
     analysis=None,
@@ -88,7 +89,10 @@ def guard_bodies(
     """Rewrite the bodies of every control-flow op of ``graph`` (a TFGraph).
 
     Returns ``[(op name, attr, BuildRecord of the guarded body)]`` for bodies
-    that got at least one guard (for the report).  ``forward`` (the graph's
+    that got at least one guard (for the report).  ``build_body`` guards one
+    body graph (:func:`hlo_guard.tf.rewrite.build_body`); it is passed in
+    because the rewrite calls this module for every graph it guards, bodies
+    included.  ``forward`` (the graph's
     forward analysis) and ``suspect_values`` give the bodies their
     arguments' tangents (:mod:`hlo_guard.tf.rules.control_flow`).
     """
@@ -110,6 +114,7 @@ def guard_bodies(
                 if fdef is None:
                     continue
                 new_name, record = guard_function(
+                    build_body,
                     fdef,
                     inputs,
                     library,
@@ -153,11 +158,11 @@ def _changed(record) -> bool:
     )
 
 
-def guard_function(fdef, inputs, library, body_locations, depth, out_liveness=None, tangents=None):
+def guard_function(
+    build_body, fdef, inputs, library, body_locations, depth, out_liveness=None, tangents=None
+):
     """(name of a guarded copy of ``fdef`` added to the current graph, record),
     or (None, record) when the body needs no guard."""
-    from hlo_guard.tf.rewrite import build_body  # circular: rewrite calls guard_bodies
-
     shapes = [t.shape for t in inputs]
     body_graph = compat.function_def_to_graph(fdef, input_shapes=shapes)
     body_def = body_graph.as_graph_def()

@@ -26,10 +26,11 @@ import tensorflow as tf
 from hlo_guard.tf import compat
 from hlo_guard.tf.graph import TFGraph
 from hlo_guard.tf.mask_ops import ALGEBRA
+from hlo_guard.tf.records import AppliedGuard
 from hlo_guard.tf.rules import RULES
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
 from passes.lattice import LIVE, Liveness
-from passes.masks import ALL, NONE, ForwardMaskResolver
+from passes.masks import ALL, NONE, ForwardMaskResolver, ShadowUnavailable
 from passes.planning import OutputGuardSite, plan_output_guards
 
 
@@ -84,8 +85,6 @@ def apply(
     which must keep reading the original tensor or the graph would close a
     cycle through the guard's own mask.
     """
-    from hlo_guard.tf.rewrite import AppliedGuard, ShadowUnavailable  # rewrite imports us
-
     graph = builder.graph
     builder.forward = fa  # rules whose masks need the analysis' notes (control flow)
     resolver = ForwardMaskResolver(

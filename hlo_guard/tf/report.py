@@ -1,30 +1,25 @@
 """Reports and IR dumps for the TF front end, in the shared report model.
 
-``report(f, *args)`` lists every guard (the guarded op, which operand, the
+A report lists every guard (the guarded op, which operand, the
 selecting ops that made its lanes dead and what that means) and every place
 dead lanes reach without a guard, with the reason -- the same
 :class:`passes.report.Report` the JAX front end produces, with
 ``framework="tensorflow"``.
 
-``compiler_ir(f, *args, stage=...)`` is XLA's view of the guarded jit function
-(or of its gradient), through ``experimental_get_compiler_ir``; stages
-``hlo``, ``optimized_hlo`` and ``stablehlo`` (the last works in TF 2.21 although
-TF's error text for a bad stage does not list it).
+This module turns a :class:`~hlo_guard.tf.records.BuildRecord` into that
+report; finding the guard of a function and attaching XLA dumps
+(:mod:`hlo_guard.tf.dumps`) is the API's job (``hlo_guard.tf.api.report``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import tensorflow as tf
-
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.tf.rewrite import BuildRecord
+from hlo_guard.tf.records import BuildRecord
 from hlo_guard.tf.rules import RULES
 from passes.report import OriginRecord, Report, SiteRecord
-
-STAGES = ("hlo", "optimized_hlo", "stablehlo")
 
 MEANINGS = {
     "SelectV2": "lanes the condition does not pick",
@@ -140,37 +135,6 @@ def _collect(record: BuildRecord, scope: str, sites: list) -> None:
         _collect(sub, f"{scope}/{inner}" if scope else inner, sites)
 
 
-def _guard_of(fn):
-    from hlo_guard.tf.api import GuardedTFFunction
-
-    if isinstance(fn, GuardedTFFunction):
-        return fn
-    inner = getattr(fn, "hlo_guard", None)
-    if isinstance(inner, GuardedTFFunction):
-        return inner
-    raise GuardUsageError(
-        f"expected a function made by hlo_guard.tf.guard or guarded_function, got {fn!r}"
-    )
-
-
-def report(fn, *args, **kwargs) -> TFReport:
-    """The guard report of ``fn`` (a guard or guarded_function) for these arguments;
-    ``.dumps(level, program, show)`` shows XLA's view of the original and guarded
-    programs, as the JAX report does."""
-    guarded = _guard_of(fn)
-    # guarded_function used as a method: tf.function bound ``self`` through a
-    # TfMethodTarget, and the guard inside sees ``self`` as its first argument
-    target = getattr(getattr(fn, "__wrapped__", None), "__self__", None)
-    if hasattr(target, "target") and hasattr(target, "weakrefself_func__"):
-        args = (target.target,) + tuple(args)
-    result = build_report(guarded.record_for(*args, **kwargs), guarded.__name__)
-    if not kwargs:  # XLA dumps take positional tensors
-        from hlo_guard.inspect.explain_tf import TFDumps
-
-        result._dumps = TFDumps(guarded, args).show
-    return result
-
-
 @dataclass
 class TFReport(Report):
     """The TF guard report, with the dumps of the program it describes."""
@@ -186,53 +150,3 @@ class TFReport(Report):
                 "dumps need the report of positional arguments: hlo_guard.tf.report(f, *args)"
             )
         return self._dumps(level=level, program=program, show=show)
-
-
-def _sum_outputs(out):
-    leaves = [
-        t
-        for t in tf.nest.flatten(out)
-        if isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_complex)
-    ]
-    return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) for t in leaves])
-
-
-def compiler_ir(fn, *args, stage: str = "hlo", gradient: bool = False, guarded: bool = True):
-    """XLA IR of the (guarded or plain) jit function, or of its gradient.
-
-    ``gradient=True`` compiles ``tape.gradient(sum of outputs, float args)``;
-    ``guarded=False`` gives the same for the user's original function, for a
-    side-by-side diff.
-    """
-    if stage not in STAGES:
-        raise GuardUsageError(f"stage must be one of {STAGES}, got {stage!r}")
-    g = _guard_of(fn)
-    body: Callable = g.wrapper if guarded else g._tracer  # pylint: disable=protected-access
-    tensors = [tf.convert_to_tensor(a) for a in args]
-    if gradient:
-
-        def program(*xs):
-            with tf.GradientTape() as tape:
-                for x in xs:
-                    if x.dtype.is_floating:
-                        tape.watch(x)
-                total = _sum_outputs(body(*xs))
-            return tape.gradient(total, list(xs))
-    else:
-
-        def program(*xs):
-            return body(*xs)
-
-    jitted = tf.function(program, jit_compile=True, autograph=False)
-    return jitted.experimental_get_compiler_ir(*tensors)(stage=stage)
-
-
-def compiler_irs(fn, *args, stages: Sequence[str] = STAGES, gradient: bool = True):
-    """{(guarded|plain, stage): text} for a side-by-side look."""
-    out = {}
-    for which in ("plain", "guarded"):
-        for stage in stages:
-            out[(which, stage)] = compiler_ir(
-                fn, *args, stage=stage, gradient=gradient, guarded=which == "guarded"
-            )
-    return out

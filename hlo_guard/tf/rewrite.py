@@ -27,44 +27,22 @@ draw, a variable update) is not built: that guard is skipped and reported.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from hlo_guard.tf import compat
+from hlo_guard.tf import compat, output_guards, tangent_gaps
+from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
 from hlo_guard.tf.mask_ops import ALGEBRA
 from hlo_guard.tf.opcopy import copy_op, is_stateful
+from hlo_guard.tf.records import AppliedGuard, BuildRecord
 from hlo_guard.tf.rules import RULES
 from hlo_guard.tf.tracing import TracedFunction
 from passes.analysis import Analysis, analyze
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, UnguardedSite, plan_guards
+from passes.planning import GuardSite, plan_guards
 from passes.rules import BroadcastOperandRule, implements
-
-
-@dataclass
-class AppliedGuard:
-    site: GuardSite
-    form: str  # "select" (per-lane mask) or "stop_gradient" (every lane dead)
-
-
-@dataclass
-class BuildRecord:
-    """What one trace of the guarded wrapper did (for reports)."""
-
-    graph: TFGraph | None
-    analysis: Analysis | None
-    applied: list[AppliedGuard] = field(default_factory=list)
-    unguarded: list[UnguardedSite] = field(default_factory=list)
-    skipped: list[tuple[GuardSite, str]] = field(default_factory=list)
-    #: non-empty when the whole function was left unguarded, and why
-    fallback: str = ""
-    #: guarded control-flow bodies: (op name, attr, BuildRecord)
-    nested: list[tuple[str, str, BuildRecord]] = field(default_factory=list)
-    #: forward-mode guards on operation outputs (:mod:`hlo_guard.tf.output_guards`)
-    output_guards: list[AppliedGuard] = field(default_factory=list)
 
 
 def import_traced(
@@ -323,8 +301,6 @@ def _guard_graph(
 ):
     """``in_tangents``/``tangent_seeds``: a body's argument tangents and the
     arguments whose lanes are not known inside (:mod:`hlo_guard.tf.tangent_gaps`)."""
-    from hlo_guard.tf import output_guards, tangent_gaps
-
     graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
     analysis = analyze(graph, RULES, out_liveness)
     forward, out_sites = output_guards.plan(graph, analysis, in_tangents)
@@ -336,9 +312,9 @@ def _guard_graph(
         forward.graph, forward, analysis, tangent_seeds or {}
     )
     record.unguarded.extend(gaps)
-    from hlo_guard.tf.control import guard_bodies
-
-    record.nested = guard_bodies(graph, library, body_locations, depth, analysis, forward, suspect)
+    record.nested = guard_bodies(
+        graph, library, build_body, body_locations, depth, analysis, forward, suspect
+    )
     return outputs, record
 
 
@@ -370,8 +346,6 @@ def build_body(
     )
     in_tangents = seeds = None
     if tangents is not None:
-        from hlo_guard.tf.tangent_gaps import body_seeds
-
         lvs, suspect, where = tangents
         names = [a.name for a in args]
         # a variable handle's reads have a live tangent whatever the caller's
@@ -379,7 +353,7 @@ def build_body(
         in_tangents = {
             n: LIVE if a.dtype == tf.resource else lv for n, a, lv in zip(names, args, lvs)
         }
-        seeds = body_seeds(names, list(lvs), list(suspect), where)
+        seeds = tangent_gaps.body_seeds(names, list(lvs), list(suspect), where)
     return _guard_graph(
         ops,
         outputs,

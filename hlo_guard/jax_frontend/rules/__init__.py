@@ -1,4 +1,4 @@
-"""The JAX rule table, keyed by primitive name (as JAX's own ``ad.primitive_jvps``)."""
+"""The JAX rule table (:mod:`.table`), filled from the rule modules."""
 
 from hlo_guard.jax_frontend.rules import (
     calls,
@@ -8,9 +8,8 @@ from hlo_guard.jax_frontend.rules import (
     selection,
     structural,
 )
-from passes.rules import RuleTable
+from hlo_guard.jax_frontend.rules.table import RULES
 
-RULES = RuleTable("jax")
 elementwise.register(RULES)
 selection.register(RULES)
 structural.register(RULES)

@@ -20,7 +20,15 @@ import weakref
 
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
+from hlo_guard.jax_frontend.rules.bodies import (
+    CALL_BODY_PARAM,
+    REWRITTEN_CALLS,
+    body_of,
+    control_bodies,
+    scope_name,
+)
 from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
+from hlo_guard.jax_frontend.rules.table import RULES
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import NONE
 
@@ -37,7 +45,6 @@ def body_is_risky(jaxpr) -> bool:
     hit = _RISKY_CACHE.get(jaxpr)
     if hit is not None:
         return hit
-    RULES = _TABLE[0]
     risky = False
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -58,37 +65,6 @@ def constant_body_inputs(graph, args, body):
     """The inputs of ``body`` that hold constants: its own closed-over consts and
     the parameters the caller passes a constant (literal ``0.1`` into ``clip``)."""
     return list(body.constvars) + [v for v, a in zip(body.invars, args) if graph.is_constant(a)]
-
-
-def open_jaxpr(obj):
-    """(open jaxpr, consts) of a ClosedJaxpr or a Jaxpr param."""
-    if hasattr(obj, "jaxpr") and hasattr(obj, "consts"):
-        return obj.jaxpr, list(obj.consts)
-    return obj, []
-
-
-CALL_BODY_PARAM = {
-    "jit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "remat2": "jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-}
-
-#: calls whose body the interpreter rewrites (custom-derivative calls are not)
-REWRITTEN_CALLS = {"jit", "closed_call", "remat2"}
-
-
-def body_of(eqn):
-    return open_jaxpr(eqn.params[CALL_BODY_PARAM[eqn.primitive.name]])
-
-
-def scope_name(parent_scope: str, eqn) -> str:
-    if eqn.primitive.name in ("jit", "pjit") and eqn.params.get("inline"):
-        return parent_scope  # jnp's inline wrappers (jit(sqrt)): not a scope to users
-    name = eqn.params.get("name")
-    label = f"{eqn.primitive.name}({name})" if name else eqn.primitive.name
-    return f"{parent_scope}/{label}" if parent_scope else label
 
 
 class Call(JaxRule):
@@ -204,18 +180,6 @@ class ControlFlow(JaxRule):
         return False
 
 
-def control_bodies(eqn):
-    """The differentiable bodies of a control-flow equation, as (jaxpr, consts)."""
-    name = eqn.primitive.name
-    if name == "cond":
-        return [open_jaxpr(b) for b in eqn.params["branches"]]
-    if name == "while":
-        return [open_jaxpr(eqn.params["body_jaxpr"])]
-    if name in ("scan", "shard_map"):
-        return [open_jaxpr(eqn.params["jaxpr"])]
-    return []
-
-
 class CustomCall(JaxRule):
     """``custom_jvp_call`` / ``custom_vjp_call``: the derivative is the user's
     (or the library's) rule, not the primal body's.
@@ -276,17 +240,8 @@ class CustomCall(JaxRule):
             sub = mctx.analysis.notes.get((_STRUCTURE_NOTE, node))
             if sub is None:
                 return [ALL] * len(eqn.invars)
-            from hlo_guard.jax_frontend.interpreter import Scope
-
-            body, consts = body_of(eqn)
-            child = Scope(
-                sub,
-                consts,
-                [],
-                list(out_masks),
-                parent=mctx,
-                parent_inputs=dict(zip(body.invars, eqn.invars)),
-            )
+            body, _ = body_of(eqn)
+            child = mctx.child_masks(node, 0, list(out_masks), analysis=sub)
             return LazyMasks(lambda i: child.resolver.value_mask(body.invars[i]), len(body.invars))
         shape = tuple(eqn.outvars[0].aval.shape)
         out = or_all(broadcast_to(m, shape) for m in out_masks)
@@ -351,8 +306,8 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     NaN/inf ``c_k`` counts as live: a genuine singularity stays visible)."""
     import jax
 
+    from hlo_guard.jax_frontend.binding import bind_eqn, stop_if_inexact
     from hlo_guard.jax_frontend.graph import is_inexact_aval
-    from hlo_guard.jax_frontend.interpreter import bind_eqn, stop_if_inexact
     from hlo_guard.jax_frontend.mask_ops import materialize, normalize
 
     vals = [stop_if_inexact(mctx.value(v)) for v in eqn.invars]
@@ -411,8 +366,6 @@ def _selection_free(jaxpr) -> bool:
     hit = _SELECTION_FREE_CACHE.get(key)
     if hit is not None and hit[0] is jaxpr:
         return hit[1]
-    from hlo_guard.jax_frontend.rules import RULES
-
     ok = True
     for e in jaxpr.eqns:
         name = e.primitive.name
@@ -456,7 +409,6 @@ def _body_lanewise(jaxpr, shape) -> bool:
     hit = per_shape.get(shape)
     if hit is not None:
         return hit
-    RULES = _TABLE[0]
     ok = True
     for e in jaxpr.eqns:
         shapes = [tuple(getattr(v.aval, "shape", ())) for v in list(e.invars) + list(e.outvars)]
@@ -479,14 +431,7 @@ def _body_lanewise(jaxpr, shape) -> bool:
     return ok
 
 
-#: the table the call rules are registered in: bodies are looked up in it (set
-#: by :func:`register`, so that this module need not import the package that
-#: imports it)
-_TABLE: list = []
-
-
 def register(table):
-    _TABLE[:] = [table]
     table.register(["jit", "closed_call", "remat2"], Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
     table.register(["cond", "while", "scan", "shard_map"], ControlFlow())

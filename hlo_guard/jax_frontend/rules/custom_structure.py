@@ -22,6 +22,10 @@ from __future__ import annotations
 import weakref
 
 from hlo_guard.jax_frontend.graph import JaxprGraph
+from hlo_guard.jax_frontend.rules.bodies import CALL_BODY_PARAM, body_of
+from hlo_guard.jax_frontend.rules.elementwise import Elementwise
+from hlo_guard.jax_frontend.rules.structural import Structural, _as_reduce_sum
+from hlo_guard.jax_frontend.rules.table import RULES
 from passes.analysis import analyze
 from passes.rules import RuleTable
 
@@ -50,10 +54,6 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> bool
 def structure_rules() -> RuleTable:
     """The JAX rule table with selections read as lane-wise joins."""
     if not _TABLE:
-        from hlo_guard.jax_frontend.rules import RULES
-        from hlo_guard.jax_frontend.rules.elementwise import Elementwise
-        from hlo_guard.jax_frontend.rules.structural import Structural, _as_reduce_sum
-
         table = RuleTable("jax-custom-structure")
         for name in RULES.names():
             table.register(name, RULES.get(name))
@@ -69,9 +69,6 @@ def body_structure_known(jaxpr) -> bool:
     hit = _CACHE.get(jaxpr)
     if hit is not None:
         return hit
-    from hlo_guard.jax_frontend.rules import RULES
-    from hlo_guard.jax_frontend.rules.calls import CALL_BODY_PARAM, body_of
-
     ok = True
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name

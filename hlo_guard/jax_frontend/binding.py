@@ -1,0 +1,44 @@
+"""Binding one jaxpr equation again, as the interpreter and the rules that
+probe a call's own derivative rule both do.
+
+A leaf module: rules import it without importing the interpreter that looks
+them up (which would make a cycle)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+from jax import lax
+from jax.extend import source_info_util
+
+from hlo_guard.jax_frontend.graph import is_inexact_aval
+
+
+@contextlib.contextmanager
+def eqn_context(eqn):
+    """The equation's source location and name stack, so that re-bound
+    equations keep the user's names in dumps and error messages."""
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with (
+        source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+        eqn.ctx.manager,
+    ):
+        yield
+
+
+def bind_eqn(eqn, invals):
+    """Bind ``eqn``'s primitive with its own parameters to ``invals``; always
+    a list of outputs."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, bind_params = params if isinstance(params, tuple) else ([], params)
+    out = eqn.primitive.bind(*subfuns, *invals, **bind_params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def stop_if_inexact(x):
+    """Side computations feed masks only: cut them from every derivative.
+    Constants (non-tracers) carry no derivative and are left alone."""
+    if isinstance(x, jax.core.Tracer) and is_inexact_aval(x):
+        return lax.stop_gradient(x)
+    return x
