@@ -1,16 +1,18 @@
-"""``custom_jvp``/``custom_vjp`` calls that are not lane-wise.
+"""``custom_jvp``/``custom_vjp`` calls that are not lane-wise (issue 9, item 1).
 
 A norm ``n = sqrt(sum(v * v, -1))`` with a custom derivative, used as
-``where(n > 0, x / n, 0)``: a row of ``v`` whose norm is 0 is dead, but the
+``where(n > 0, g(v, n), 0)``: a row of ``v`` whose norm is 0 is dead, but the
 custom rule (``v / n``) is NaN there.  The call's primal body says row ``b`` of
-``v`` feeds only ``n[b]``, so ``v`` is guarded with the row mask.  Before, only
-lane-wise calls were followed and the dead row's NaN reached the gradient.
+``v`` feeds only ``n[b]``, so ``v`` is guarded with the row mask, which absorbs
+whatever the rule computes in dead rows.  Before, only lane-wise calls were
+followed and the dead row's NaN reached the gradient.
 
 Forward mode: ``relu`` is a lane-wise ``custom_jvp`` whose rule gives an exact
 zero tangent where ``x <= 0``; ``jacfwd(sqrt(relu(x)))`` must then be 0 there,
 as for ``sqrt(maximum(x, 0))`` (which the pass follows natively).
 
-Oracles: the hand-written double-where, or a per-lane Python ``if``.
+Oracles: the hand-written double-where (dead rows replaced by a safe value
+before the call) and a per-row / per-lane Python ``if``.
 """
 
 from __future__ import annotations
@@ -23,46 +25,115 @@ from custom_norms import norm_jvp, norm_vjp
 
 from hlo_guard import explain, guard
 
+NORMS = {"custom_jvp": norm_jvp, "custom_vjp": norm_vjp}
+
+#: rows 0 and 3 have norm 0 (dead), rows 1 and 2 are live
 V = jnp.array([[0.0, 0.0, 0.0], [1.0, 2.0, 2.0], [3.0, 0.0, 4.0], [0.0, 0.0, 0.0]])
 
+#: what the selected branch computes from ``v`` and its norm
+USES = {
+    "reciprocal": lambda v, n: 1.0 / n,
+    "log": lambda v, n: jnp.log(n),
+    "x_over_n": lambda v, n: v[..., 0] / n,
+}
 
-def _double_where(norm, body):
-    """where(n > 0, body(v, n), 0) with dead rows of v replaced by ones first."""
+
+def _user(norm, use):
+    def f(v):
+        n = norm(v)
+        return jnp.sum(jnp.where(n > 0, use(v, n), 0.0))
+
+    return f
+
+
+def _double_where(norm, use):
+    """The same with the dead rows of ``v`` replaced by ones before the call."""
 
     def oracle(v):
         live = jnp.sum(v * v, -1) > 0
         safe = jnp.where(live[:, None], v, 1.0)
-        return jnp.sum(jnp.where(live, body(safe, norm(safe)), 0.0))
+        return jnp.sum(jnp.where(live, use(safe, norm(safe)), 0.0))
 
     return oracle
 
 
-@pytest.mark.parametrize("norm", [norm_jvp, norm_vjp], ids=["custom_jvp", "custom_vjp"])
-@pytest.mark.parametrize(
-    "body", [lambda v, n: v[:, 0] / n, lambda v, n: jnp.log(n)], ids=["x_over_n", "f_of_n"]
-)
-def test_norm_with_custom_rule_under_where(norm, body):
-    def f(v):
-        n = norm(v)
-        return jnp.sum(jnp.where(n > 0, body(v, n), 0.0))
+def _per_row_if(norm, use, v):
+    """Gradient row by row: a dead row contributes nothing, a live row is
+    differentiated on its own."""
+    rows = []
+    for r in np.asarray(v):
+        if np.sum(r * r) > 0:
+            rows.append(np.asarray(jax.grad(lambda w: use(w, norm(w)))(jnp.asarray(r))))
+        else:
+            rows.append(np.zeros_like(r))
+    return np.stack(rows)
 
+
+@pytest.mark.parametrize("kind", sorted(NORMS))
+@pytest.mark.parametrize("use", sorted(USES))
+def test_norm_with_custom_rule_under_where(kind, use):
+    norm, u = NORMS[kind], USES[use]
+    f = _user(norm, u)
     assert np.isnan(jax.grad(f)(V)).any()  # the custom rule's NaN is real
     np.testing.assert_array_equal(guard(f)(V), f(V))
-    np.testing.assert_array_equal(jax.grad(guard(f))(V), jax.grad(_double_where(norm, body))(V))
-    np.testing.assert_array_equal(
-        jax.jit(jax.grad(guard(f)))(V), jax.grad(_double_where(norm, body))(V)
-    )
+    want = jax.grad(_double_where(norm, u))(V)
+    np.testing.assert_array_equal(jax.grad(guard(f))(V), want)
+    np.testing.assert_array_equal(jax.jit(jax.grad(guard(f)))(V), want)
+    np.testing.assert_allclose(jax.grad(guard(f))(V), _per_row_if(norm, u, V), rtol=1e-6)
 
 
-def test_norm_guard_site_is_the_custom_call_operand():
-    def f(v):
-        n = norm_jvp(v)
-        return jnp.sum(jnp.where(n > 0, v[:, 0] / n, 0.0))
+@pytest.mark.parametrize("kind", sorted(NORMS))
+def test_normalize_x_over_norm(kind):
+    norm = NORMS[kind]
+    weights = jnp.arange(3.0)
 
-    report = explain(f, V)
-    assert any(s.op == "custom_jvp_call" for s in report.sites), report
-    assert not report.unguarded
+    def f(x):
+        n = norm(x)
+        return jnp.sum(jnp.where((n > 0)[:, None], x / n[:, None], 0.0) ** 2 * weights)
 
+    def oracle(x):
+        live = jnp.sum(x * x, -1) > 0
+        safe = jnp.where(live[:, None], x, 1.0)
+        n = norm(safe)
+        return jnp.sum(jnp.where(live[:, None], safe / n[:, None], 0.0) ** 2 * weights)
+
+    np.testing.assert_array_equal(guard(f)(V), f(V))
+    got = jax.grad(guard(f))(V)
+    assert np.all(np.isfinite(got))
+    # the oracle divides `safe` rather than `x`: XLA may fuse it differently (1 ulp)
+    np.testing.assert_allclose(got, jax.grad(oracle)(V), rtol=1e-6, atol=0)
+
+
+def test_forward_mode_through_custom_jvp_norm():
+    use = USES["reciprocal"]
+    f = _user(norm_jvp, use)
+    want = jax.jacfwd(_double_where(norm_jvp, use))(V)
+    np.testing.assert_array_equal(jax.jacfwd(guard(f))(V), want)
+    h = jax.hessian(guard(f))(V)
+    assert np.all(np.isfinite(h))
+
+
+def test_genuine_singularity_on_a_live_row_stays_visible():
+    """Every row live: n == 0 is never selected away, so nothing is guarded and
+    the NaN of the custom rule at a zero row is JAX's own."""
+
+    def g(x):
+        return jnp.sum(jnp.where(jnp.sum(x * x, -1) >= 0, norm_jvp(x), 0.0))
+
+    np.testing.assert_array_equal(jax.grad(guard(g))(V), jax.grad(g)(V))
+    assert np.isnan(np.asarray(jax.grad(guard(g))(V))[0]).all()
+
+
+@pytest.mark.parametrize("use", ["reciprocal", "x_over_n"])
+def test_explain_lists_the_call_operand_not_sites_inside_the_custom_body(use):
+    r = explain(_user(norm_jvp, USES[use]), V)
+    ops = sorted(s.op for s in r.sites if s.kind == "guard")
+    assert any(op.startswith("custom_jvp_call") for op in ops)
+    assert "sqrt" not in ops and "mul" not in ops
+    assert not r.unguarded
+
+
+# -- lane-wise custom_jvp in forward mode ------------------------------------------
 
 X = jnp.array([-1.0, 2.0, -3.0, 4.0, 0.5, -0.25])
 
@@ -86,9 +157,9 @@ def test_jacfwd_through_relu_matches_maximum():
 
 
 def test_jvp_through_relu_keeps_genuine_singularity():
-    """relu(0) = 0 with rule derivative 0 at 0: dead.  But sqrt(relu(x) + 0) at
-    a *live* zero... x > 0 tiny is live and finite; x = 0 exactly is dead by the
-    rule itself: no NaN hidden that the rule did not zero first."""
+    """relu(0) = 0 with rule derivative 0 at 0: dead.  x > 0 tiny is live and
+    finite; x = 0 exactly is dead by the rule itself: no NaN hidden that the
+    rule did not zero first."""
     f = lambda x: jnp.sqrt(jax.nn.relu(x))
     x = jnp.array([0.0, 1e-30, 1.0])
     _, t = jax.jvp(guard(f), (x,), (jnp.ones_like(x),))
@@ -96,10 +167,13 @@ def test_jvp_through_relu_keeps_genuine_singularity():
     np.testing.assert_allclose(t, np.asarray(want, np.float32), rtol=1e-6)
 
 
+# -- real library code ---------------------------------------------------------------
+
+
 def test_optax_weighted_logsoftmax_with_padding_rows():
-    """Real library: optax's ``weighted_logsoftmax`` is a ``custom_jvp`` over a
-    softmax (a reduction per row).  A padding row of ``-inf`` logits masked out
-    by ``where`` must not put its NaN into the gradient."""
+    """optax's ``weighted_logsoftmax`` is a ``custom_jvp`` over a softmax (a
+    reduction per row).  A padding row of ``-inf`` logits masked out by
+    ``where`` must not put its NaN into the gradient."""
     classification = pytest.importorskip("optax.losses._classification")
     wls = classification.weighted_logsoftmax
     x = jnp.array([[-jnp.inf, -jnp.inf, -jnp.inf], [1.0, 2.0, 0.5], [0.0, -1.0, 3.0]])

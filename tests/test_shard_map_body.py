@@ -118,3 +118,33 @@ def test_maximum_in_the_body(mesh):
         jax.grad(total(guard(f)))(xs), oracle_grad(np.asarray(xs)), rtol=1e-6
     )
     np.testing.assert_array_equal(total(guard(f))(xs), total(f)(xs))
+
+
+def test_sharded_input_under_set_mesh():
+    """The user's own setup (issue 9, item 3): a ``NamedSharding``-placed input,
+    the mesh set with ``jax.set_mesh`` and ``make_mesh``'s default axis types,
+    ``guard`` applied to the body function before ``shard_map`` sees it."""
+    default_mesh = jax.make_mesh((8,), ("i",))
+
+    def local(v):
+        return jnp.sum(jnp.where(v > 0, jnp.sqrt(v), 0.0))
+
+    def local_double_where(v):
+        safe = jnp.where(v > 0, v, 1.0)
+        return jnp.sum(jnp.where(v > 0, jnp.sqrt(safe), 0.0))
+
+    def sharded(body):
+        return jax.shard_map(
+            lambda v: jax.lax.psum(body(v), "i"), mesh=default_mesh, in_specs=P("i"), out_specs=P()
+        )
+
+    f, oracle, plain = sharded(guard(local)), sharded(local_double_where), sharded(local)
+    x = jax.device_put(jnp.arange(-8.0, 8.0) / 4.0, jax.NamedSharding(default_mesh, P("i")))
+    with jax.set_mesh(default_mesh):
+        np.testing.assert_array_equal(f(x), plain(x))
+        want = jax.grad(oracle)(x)
+        assert np.all(np.isfinite(want))
+        # the oracle's sqrt reads `safe`, not `x`: XLA may fuse it 1 ulp apart
+        for got in (jax.grad(f)(x), jax.jit(jax.grad(f))(x)):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+            np.testing.assert_array_equal(np.asarray(got)[:9], 0.0)  # dead lanes and x == 0
