@@ -16,8 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.workloads.base import Workload
+from benchmarks.workloads.blocks import (
+    allowed_scores,
+    masked_token_mean,
+    multi_head_attention,
+    padded_tokens,
+    weight_init,
+)
 
-NEG = -1e9
 SCALE = 8.0
 
 
@@ -33,19 +39,11 @@ def _l2norm_dw(z):
 
 
 def _attention(norm, params, x, tok_mask):
-    b, t, d = x.shape
     heads = params["heads"].shape[0]
-    dh = d // heads
-    q = norm((x @ params["wq"]).reshape(b, t, heads, dh))
-    k = norm((x @ params["wk"]).reshape(b, t, heads, dh))
-    v = (x @ params["wv"]).reshape(b, t, heads, dh)
-    s = SCALE * jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    allowed = causal[None, None] & tok_mask[:, None, None, :]
-    p = jax.nn.softmax(jnp.where(allowed, s, NEG), axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, t, d) @ params["wo"]
-    per_tok = jnp.mean(o * o, axis=-1)
-    return jnp.sum(jnp.where(tok_mask, per_tok, 0.0)) / jnp.maximum(jnp.sum(tok_mask), 1)
+    o = multi_head_attention(
+        params, x, heads, lambda: allowed_scores(tok_mask), qk_norm=norm, scale=SCALE
+    )
+    return masked_token_mean(jnp.mean(o * o, axis=-1), tok_mask)
 
 
 def loss(params, x, tok_mask):
@@ -59,10 +57,7 @@ def loss_dw(params, x, tok_mask):
 def make_inputs(size, seed=0):
     batch, seq, d, heads = size
     rng = np.random.default_rng(seed)
-
-    def w(*shape):
-        return jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)
-
+    w = weight_init(rng)
     params = {
         "wq": w(d, d),
         "wk": w(d, d),
@@ -70,12 +65,8 @@ def make_inputs(size, seed=0):
         "wo": w(d, d),
         "heads": jnp.zeros((heads,), jnp.float32),
     }
-    lengths = rng.integers(seq // 2, seq + 1, size=batch)
-    lengths[0] = seq // 2  # at least one padded sequence
-    tok_mask = np.arange(seq)[None, :] < lengths[:, None]
-    x = rng.normal(size=(batch, seq, d)).astype(np.float32)
-    x[~tok_mask] = 0.0
-    return params, jnp.asarray(x), jnp.asarray(tok_mask)
+    x, tok_mask = padded_tokens(rng, batch, seq, d)
+    return params, x, tok_mask
 
 
 WORKLOAD = Workload(

@@ -17,8 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.workloads.base import Workload
-
-NEG = -1e9
+from benchmarks.workloads.blocks import (
+    allowed_scores,
+    masked_token_mean,
+    multi_head_attention,
+    padded_tokens,
+    weight_init,
+)
 
 
 def _rms_norm(x, g):
@@ -33,24 +38,12 @@ def _rms_norm_dw(x, g):
 
 
 def _block(norm, params, x, tok_mask):
-    b, t, d = x.shape
     heads = params["heads"].shape[0]
-    dh = d // heads
     x = x @ params["w_in"]
     h = norm(x, params["g1"])
-    q = (h @ params["wq"]).reshape(b, t, heads, dh)
-    k = (h @ params["wk"]).reshape(b, t, heads, dh)
-    v = (h @ params["wv"]).reshape(b, t, heads, dh)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dh)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    allowed = causal[None, None] & tok_mask[:, None, None, :]
-    s = jnp.where(allowed, s, NEG)
-    p = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", p, v).reshape(b, t, d)
-    y = x + o @ params["wo"]
+    y = x + multi_head_attention(params, h, heads, lambda: allowed_scores(tok_mask))
     y = y + jax.nn.gelu(norm(y, params["g2"]) @ params["w_up"]) @ params["w_down"]
-    per_tok = jnp.mean(y * y, axis=-1)
-    return jnp.sum(jnp.where(tok_mask, per_tok, 0.0)) / jnp.maximum(jnp.sum(tok_mask), 1)
+    return masked_token_mean(jnp.mean(y * y, axis=-1), tok_mask)
 
 
 def loss(params, x, tok_mask):
@@ -64,10 +57,7 @@ def loss_dw(params, x, tok_mask):
 def make_inputs(size, seed=0):
     batch, seq, d, heads = size
     rng = np.random.default_rng(seed)
-
-    def w(*shape):
-        return jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)
-
+    w = weight_init(rng)
     params = {
         "g1": jnp.ones((d,), jnp.float32),
         "g2": jnp.ones((d,), jnp.float32),
@@ -80,12 +70,8 @@ def make_inputs(size, seed=0):
         "w_down": w(4 * d, d),
         "heads": jnp.zeros((heads,), jnp.float32),
     }
-    lengths = rng.integers(seq // 2, seq + 1, size=batch)
-    lengths[0] = seq // 2  # at least one padded sequence
-    tok_mask = np.arange(seq)[None, :] < lengths[:, None]
-    x = rng.normal(size=(batch, seq, d)).astype(np.float32)
-    x[~tok_mask] = 0.0
-    return params, jnp.asarray(x), jnp.asarray(tok_mask)
+    x, tok_mask = padded_tokens(rng, batch, seq, d)
+    return params, x, tok_mask
 
 
 WORKLOAD = Workload(

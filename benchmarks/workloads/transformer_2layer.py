@@ -18,8 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.workloads.base import Workload
+from benchmarks.workloads.blocks import (
+    allowed_scores,
+    masked_token_mean,
+    multi_head_attention,
+    padded_tokens,
+    weight_init,
+)
 
-NEG = -1e9
 LAYERS = 2
 
 
@@ -36,31 +42,17 @@ def _layer_norm_dw(x):
     return jnp.where(pos, (x - mu) * jax.lax.rsqrt(jnp.where(pos, var, 1.0)), 0.0)
 
 
-def _attend(p, h, allowed, heads):
-    b, t, d = h.shape
-    dh = d // heads
-    q = (h @ p["wq"]).reshape(b, t, heads, dh)
-    k = (h @ p["wk"]).reshape(b, t, heads, dh)
-    v = (h @ p["wv"]).reshape(b, t, heads, dh)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dh)
-    s = jnp.where(allowed, s, NEG)
-    a = jax.nn.softmax(s, axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", a, v).reshape(b, t, d) @ p["wo"]
-
-
 def _model(norm, params, x, targets, tok_mask):
     heads = params["heads"].shape[0]
-    t = x.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    allowed = causal[None, None] & tok_mask[:, None, None, :]
+    allowed = allowed_scores(tok_mask)
     h = x @ params["w_in"]
     for p in params["layers"]:
-        h = h + _attend(p, norm(h) * p["g1"], allowed, heads)
+        h = h + multi_head_attention(p, norm(h) * p["g1"], heads, allowed)
         h = h + jax.nn.gelu(norm(h) * p["g2"] @ p["w_up"]) @ p["w_down"]
     logits = (norm(h) * params["g_out"]) @ params["w_vocab"]
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(tok_mask, nll, 0.0)) / jnp.maximum(jnp.sum(tok_mask), 1)
+    return masked_token_mean(nll, tok_mask)
 
 
 def loss(params, x, targets, tok_mask):
@@ -74,9 +66,7 @@ def loss_dw(params, x, targets, tok_mask):
 def make_inputs(size, seed=0):
     batch, seq, d, heads, vocab = size
     rng = np.random.default_rng(seed)
-
-    def w(*shape):
-        return jnp.asarray(rng.normal(size=shape) / np.sqrt(shape[0]), jnp.float32)
+    w = weight_init(rng)
 
     layers = [
         {
@@ -98,13 +88,9 @@ def make_inputs(size, seed=0):
         "w_vocab": w(d, vocab),
         "heads": jnp.zeros((heads,), jnp.float32),
     }
-    lengths = rng.integers(seq // 2, seq + 1, size=batch)
-    lengths[0] = seq // 2  # at least one padded sequence
-    tok_mask = np.arange(seq)[None, :] < lengths[:, None]
-    x = rng.normal(size=(batch, seq, d)).astype(np.float32)
-    x[~tok_mask] = 0.0
+    x, tok_mask = padded_tokens(rng, batch, seq, d)
     targets = rng.integers(0, vocab, size=(batch, seq)).astype(np.int32)
-    return params, jnp.asarray(x), jnp.asarray(targets), jnp.asarray(tok_mask)
+    return params, x, jnp.asarray(targets), tok_mask
 
 
 WORKLOAD = Workload(
