@@ -41,8 +41,9 @@ class Analysis:
     unreached: list[Unreached] = field(default_factory=list)
     #: nested analyses keyed by (node, sub-graph index), filled by call rules
     subs: dict[tuple[int, int], Analysis] = field(default_factory=dict)
-    #: anything a front end's rule wants to remember about a node
-    notes: dict[int, Any] = field(default_factory=dict)
+    #: what the front end derives from this analysis and keeps with it (the
+    #: JAX front end's ``GuardPlan``); None until the front end asks
+    plan: Any = field(default=None, repr=False, compare=False)
 
     def value_liveness(self, value: Hashable) -> Liveness:
         if value is None:

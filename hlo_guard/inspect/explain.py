@@ -31,9 +31,8 @@ from hlo_guard.inspect.programs import Programs, function_name
 from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
 from hlo_guard.inspect.scopes import ScopeTree
-from hlo_guard.jax_frontend import interpreter
 from hlo_guard.jax_frontend.graph import Literal
-from hlo_guard.jax_frontend.rules.calls import MASK_ONLY
+from hlo_guard.jax_frontend.plan import plan_of
 from passes.lattice import Level
 from passes.planning import plan_guards
 
@@ -59,15 +58,18 @@ def explain(fn, *args, **kwargs) -> ExplainReport:
 
 def build_report(progs: Programs) -> ExplainReport:
     analysis = progs.program.analysis
-    # Tracing the guarded program once fills analysis.notes['_skipped'] in every
-    # scope: guards whose mask would have needed an effectful value.
-    jax.make_jaxpr(progs.flat("guarded"))(*progs.leaves)
+    # Guards skipped because their mask would have needed an effectful value
+    # are found by evaluating the guarded program; its records (one per scope)
+    # are complete once one evaluation in the guard's mode has finished --
+    # the user's own call of the guarded function, or this trace.
+    if progs.guarded.mode not in plan_of(analysis).record.finished:
+        jax.make_jaxpr(progs.flat("guarded"))(*progs.leaves)
     tree = ScopeTree(analysis)
     input_names = dict(zip(progs.program.closed_jaxpr.jaxpr.invars, progs.leaf_names()))
     explainer = _Explainer(tree, Renderer(tree, input_names))
     sites: list[SiteInfo] = []
     for a in tree.analyses():
-        if not a.notes.get(MASK_ONLY):  # a custom call's body: masks only, never guarded
+        if not plan_of(a).mask_only:  # a custom call's body: masks only, never guarded
             sites.extend(explainer.scope_sites(a))
     dumps = ProgramDumps(progs)
     report = ExplainReport(
@@ -107,7 +109,8 @@ class _Explainer:
         guards, unguarded = plan_guards(analysis)
         out: list[SiteInfo] = []
         skipped = sorted(
-            analysis.notes.get("_skipped", ()), key=lambda t: (t[0], -1 if t[1] is None else t[1])
+            plan_of(analysis).record.skipped,
+            key=lambda t: (t[0], -1 if t[1] is None else t[1]),
         )
         skipped_uses = {(n, i) for n, i, _ in skipped}
         passed_skip = self.passed_masks_skipped(analysis)
@@ -222,7 +225,7 @@ class _Explainer:
         p = self.tree.parent(analysis.graph)
         if p is None:
             return None
-        for node, index, reason in p.analysis.notes.get("_skipped", ()):
+        for node, index, reason in plan_of(p.analysis).record.skipped:
             if node == p.node and index is None:
                 return reason
         return None
@@ -240,10 +243,10 @@ class _Explainer:
     def output_sites(self, analysis, skipped_uses) -> list[SiteInfo]:
         """Forward-mode guards on operations' outputs, planned as the interpreter does."""
         graph = analysis.graph
-        forward = interpreter.forward_of(analysis)
+        forward = plan_of(analysis).forward
         self.tree.add_forward(forward, analysis)
         out: list[SiteInfo] = []
-        for node, sites in sorted(interpreter.output_sites_by_node(analysis).items()):
+        for node, sites in sorted(plan_of(analysis).output_sites_by_node.items()):
             for site in sites:
                 if (node, ("output", site.index)) in skipped_uses:
                     continue

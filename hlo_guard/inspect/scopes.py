@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hlo_guard.jax_frontend.bodies import CALL_BODY_PARAM, body_of
 from hlo_guard.jax_frontend.graph import DropVar, Literal
-from hlo_guard.jax_frontend.rules.bodies import CALL_BODY_PARAM, body_of
 from hlo_guard.source import eqn_location
 
 #: how many (graph, value) pairs a forward search may visit before giving up

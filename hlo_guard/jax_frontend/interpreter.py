@@ -30,77 +30,21 @@ from jax import lax
 from jax.core import eval_jaxpr
 from jax.custom_derivatives import SymbolicZero
 
-from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context, stop_if_inexact
+from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
+from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
 from hlo_guard.jax_frontend.compat import primitive_jvp
 from hlo_guard.jax_frontend.graph import DropVar, Literal
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
+from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rules import RULES
-from hlo_guard.jax_frontend.rules.bodies import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
 from hlo_guard.jax_frontend.shared_primal import can_share, share_side_primal
+from hlo_guard.jax_frontend.side_values import MISSING, ScopeValues
 from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
-from passes.analysis import Analysis, analyze_forward
+from passes.analysis import Analysis
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
+from passes.planning import GuardSite, OutputGuardSite
 from passes.rules import BroadcastOperandRule, implements
-
-_MISSING = object()
-
-
-# -- per-analysis plan, cached on the analysis ---------------------------------
-
-
-def sites_by_node(analysis: Analysis) -> dict[int, list[GuardSite]]:
-    cached = analysis.notes.get("_sites")
-    if cached is None:
-        sites, _ = plan_guards(analysis)
-        cached = {}
-        for s in sites:
-            cached.setdefault(s.node, []).append(s)
-        analysis.notes["_sites"] = cached
-    return cached
-
-
-def forward_of(analysis: Analysis):
-    """Tangent liveness of a graph evaluated with guards: its inputs (and
-    constants, which may be tracers closed over from an outer transformation)
-    count as fully live."""
-    fa = analysis.notes.get("_forward")
-    if fa is None:
-        graph = analysis.graph
-        n_in = len(graph.jaxpr.invars) + len(graph.jaxpr.constvars)
-        fa = analyze_forward(graph, RULES, [LIVE] * n_in)
-        analysis.notes["_forward"] = fa
-    return fa
-
-
-def output_sites_by_node(analysis: Analysis) -> dict[int, list[OutputGuardSite]]:
-    cached = analysis.notes.get("_out_sites")
-    if cached is None:
-        cached = {}
-        for s in plan_output_guards(analysis, forward_of(analysis)):
-            cached.setdefault(s.node, []).append(s)
-        analysis.notes["_out_sites"] = cached
-    return cached
-
-
-def needs_rewrite(analysis: Analysis) -> bool:
-    """Whether evaluating this graph differs from binding it as it is."""
-    cached = analysis.notes.get("_needs_rewrite")
-    if cached is None:
-        cached = bool(sites_by_node(analysis)) or bool(output_sites_by_node(analysis))
-        if not cached:
-            eqns = analysis.graph.eqns
-            for (node, _), sub in analysis.subs.items():
-                name = eqns[node].primitive.name
-                if (
-                    name in REWRITTEN_CALLS or name in ("cond", "while", "scan", "shard_map")
-                ) and needs_rewrite(sub):
-                    cached = True
-                    break
-        analysis.notes["_needs_rewrite"] = cached
-    return cached
-
 
 # -- evaluation ----------------------------------------------------------------
 
@@ -129,92 +73,36 @@ class Scope:
         self.forward = forward
         self._in_tmasks = in_tmasks
         self._fresolver: ForwardMaskResolver | None = None
-        self.env: dict[Any, Any] = {}
-        self.shadow: dict[Any, Any] = {}
         self.parent = parent
-        self.parent_inputs = parent_inputs or {}
-        for v, c in zip(self.jaxpr.constvars, consts):
-            self.env[v] = c
-        for v, a in zip(self.jaxpr.invars, args):
-            self.env[v] = a
+        self.values = ScopeValues(
+            self.graph,
+            consts,
+            args,
+            parent.value if parent is not None else None,
+            parent_inputs,
+        )
         self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
         self.children: dict[Any, Scope] = {}
-        self.skipped = _SkipLog(analysis.notes.setdefault("_skipped", set()))
-        # set while a gradient-mode run() evaluates: side values are then kept
-        # differentiable so that the guarded evaluation can share them
-        # (:mod:`shared_primal`); mask-only scopes stop their gradients
-        self._sharing = False
+        self.plan = plan_of(analysis)
+        self.record = self.plan.record
 
     # -- values ------------------------------------------------------------------
     def value(self, atom):
-        if isinstance(atom, Literal):
-            return atom.val
-        val = self._known(atom)
-        if val is _MISSING:
-            self._compute_on_side(atom)
-            val = self._known(atom)
-        return val
-
-    def _known(self, var):
-        val = self.env.get(var, _MISSING)
-        if val is _MISSING:
-            val = self.shadow.get(var, _MISSING)
-        if val is _MISSING and var in self.parent_inputs:
-            val = self.parent.value(self.parent_inputs[var])
-            self.shadow[var] = val
-        return val
-
-    def _compute_on_side(self, target):
-        stack = [target]
-        eqns = self.graph.eqns
-        while stack:
-            var = stack[-1]
-            if self._known(var) is not _MISSING:
-                stack.pop()
-                continue
-            prod = self.graph.producer(var)
-            if prod is None:
-                raise ShadowUnavailable(f"no value for {var}")
-            eqn = eqns[prod[0]]
-            missing = [
-                v for v in eqn.invars if not isinstance(v, Literal) and self._known(v) is _MISSING
-            ]
-            if missing:
-                stack.extend(missing)
-                continue
-            if eqn.effects:
-                raise ShadowUnavailable(
-                    f"the mask needs the result of effectful '{eqn.primitive.name}', "
-                    "which must run exactly once"
-                )
-            invals = [self._side_input(v) for v in eqn.invars]
-            with eqn_context(eqn):
-                outs = bind_eqn(eqn, invals)
-            for ov, o in zip(eqn.outvars, outs):
-                if not isinstance(ov, DropVar):
-                    self.shadow[ov] = o
-            stack.pop()
-
-    def _side_input(self, atom):
-        """Side values are already gradient-free; guarded ones get cut here."""
-        if isinstance(atom, Literal):
-            return atom.val
-        if atom in self.shadow:
-            return self.shadow[atom]
-        value = self.value(atom)
-        return value if self._sharing else stop_if_inexact(value)
+        """The value of ``atom`` (what rules read to build masks)."""
+        return self.values.value(atom)
 
     def _shared_side(self, eqn):
         """Side values of ``eqn``'s outputs that the guarded evaluation can
         take as its own primal values, or None."""
         name = eqn.primitive.name
-        if not self._sharing or (name in BINDERS and name not in _SHARED_CALLS):
+        if not self.values.sharing or (name in BINDERS and name not in _SHARED_CALLS):
             return None
         side = []
         for ov in eqn.outvars:
-            if isinstance(ov, DropVar) or ov not in self.shadow:
+            val = MISSING if isinstance(ov, DropVar) else self.values.side(ov)
+            if val is MISSING:
                 return None
-            side.append(self.shadow[ov])
+            side.append(val)
         return side if can_share(eqn, side) else None
 
     # -- masks -------------------------------------------------------------------
@@ -227,7 +115,7 @@ class Scope:
         if isinstance(var, Literal):
             return NONE
         if self._fresolver is None:
-            fa = self.forward if self.forward is not None else forward_of(self.analysis)
+            fa = self.forward if self.forward is not None else self.plan.forward
             inputs = list(self.jaxpr.invars) + list(self.jaxpr.constvars)
             given = list(self._in_tmasks) if self._in_tmasks is not None else []
             given += [ALL] * (len(inputs) - len(given))
@@ -250,7 +138,7 @@ class Scope:
         if child is None:
             eqn = self.graph.eqns[node]
             body, consts = body_of(eqn)
-            fa = self.forward if self.forward is not None else forward_of(self.analysis)
+            fa = self.forward if self.forward is not None else self.plan.forward
             sub_fa = fa.subs[(node, k)]
             sub = self.analysis.subs.get((node, k))
             if sub is None:
@@ -276,7 +164,7 @@ class Scope:
         try:
             mask = self.tangent_mask(self.graph.eqns[node].outvars[site.index])
         except ShadowUnavailable as exc:
-            self.skipped.append((node, ("output", site.index), str(exc)))
+            self.record.skip(node, ("output", site.index), str(exc))
             return y
         if mask is ALL:
             return y
@@ -316,7 +204,7 @@ class Scope:
         try:
             mask = self.resolver.use_mask(node, site.index)
         except ShadowUnavailable as exc:
-            self.skipped.append((node, site.index, str(exc)))
+            self.record.skip(node, site.index, str(exc))
             return x
         if mask is ALL:
             return x
@@ -348,7 +236,7 @@ class Scope:
         try:
             mask = self.resolver.use_mask(node, site.index)
         except ShadowUnavailable as exc:
-            self.skipped.append((node, site.index, str(exc)))
+            self.record.skip(node, site.index, str(exc))
             return x
         if mask is ALL:
             return x
@@ -388,17 +276,20 @@ class Scope:
                     self, node, eqn, site.index, outs
                 )
             except ShadowUnavailable as exc:
-                self.skipped.append((node, site.index, str(exc)))
+                self.record.skip(node, site.index, str(exc))
                 continue
             if mask is not ALL:
                 found[site.index] = mask
         return found
 
     def run(self) -> list[Any]:
-        sites = sites_by_node(self.analysis)
-        out_sites = output_sites_by_node(self.analysis)
-        env = self.env
-        self._sharing = self.mode == "gradient"
+        sites = self.plan.sites_by_node
+        out_sites = self.plan.output_sites_by_node
+        env = self.values.env
+        # gradient mode: side values keep their derivatives so that the
+        # guarded evaluation can share them (:mod:`shared_primal`); mask-only
+        # scopes never run() and stop them
+        self.values.sharing = self.mode == "gradient"
         for node, eqn in enumerate(self.graph.eqns):
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
             with eqn_context(eqn):
@@ -425,6 +316,7 @@ class Scope:
                 for site in out_sites.get(node, ()):
                     ov = eqn.outvars[site.index]
                     env[ov] = self.guard_output(node, site, env[ov])
+        self.record.finished.add(self.mode)
         return [v.val if isinstance(v, Literal) else env[v] for v in self.jaxpr.outvars]
 
     def output_masks_for(self, node: int, sub: Analysis):
@@ -438,7 +330,7 @@ class Scope:
                 try:
                     m = self.resolver.value_mask(None if isinstance(ov, DropVar) else ov)
                 except ShadowUnavailable as exc:
-                    self.skipped.append((node, None, str(exc)))
+                    self.record.skip(node, None, str(exc))
                     m = ALL
                 passed.append(to_guard_mask(m, tuple(ov.aval.shape)))
                 fixed.append(None)
@@ -449,7 +341,7 @@ class Scope:
     def _rewrites(self, node, eqn) -> bool:
         """Whether call/control-flow ``node`` is re-bound with a guarded body."""
         subs = [self.analysis.subs.get((node, k)) for k in range(_n_bodies(eqn))]
-        return any(s is not None and needs_rewrite(s) for s in subs)
+        return any(s is not None and plan_of(s).needs_rewrite for s in subs)
 
     def _bind(self, node, eqn, invals):
         binder = BINDERS.get(eqn.primitive.name)
@@ -623,8 +515,8 @@ def _guarded_call(scope: Scope, node, eqn, n_invals):
     sub = scope.analysis.subs[(node, 0)]
     passed, fixed = scope.output_masks_for(node, sub)
     nested = scope.body_nested(node)
-    key = ("_callable", node, tuple(f is None for f in fixed), scope.mode, nested)
-    fn = scope.analysis.notes.get(key)
+    key = (node, tuple(f is None for f in fixed), scope.mode, nested)
+    fn = scope.plan.callables.get(key)
     if fn is None:
         body, consts = body_of(eqn)
         inner = _guarded_body(sub, consts, n_invals, fixed, scope.mode, nested)
@@ -641,7 +533,7 @@ def _guarded_call(scope: Scope, node, eqn, n_invals):
                 fn = jax.jit(inner, inline=eqn.params.get("inline", False))
             else:
                 fn = inner
-        scope.analysis.notes[key] = fn
+        scope.plan.callables[key] = fn
     return fn, passed
 
 
@@ -755,13 +647,3 @@ BINDERS = {
     "scan": _bind_scan,
     "shard_map": _bind_shard_map,
 }
-
-
-class _SkipLog:
-    """Guards skipped because their mask needed an effectful value (deduplicated)."""
-
-    def __init__(self, store: set):
-        self.store = store
-
-    def append(self, item):
-        self.store.add(item)

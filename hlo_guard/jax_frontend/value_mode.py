@@ -22,7 +22,8 @@ value masks) and ``jit`` bodies are walked through; anything else stops it.
 
 from __future__ import annotations
 
-from hlo_guard.jax_frontend.graph import DropVar, Literal
+from hlo_guard.jax_frontend.graph import DropVar
+from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rules.elementwise import LINEAR_ELEMENTWISE, NONLINEAR_ELEMENTWISE
 
 MODES = ("gradient", "value")
@@ -89,7 +90,7 @@ def value_substitutable(analysis, node: int, nested: bool) -> bool:
 
     ``nested``: the graph is a call body whose outputs' masks come from a
     caller we cannot see; reaching such an output is not allowed."""
-    memo: dict[tuple[int, int], bool] = analysis.notes.setdefault("_value_memo", {})
+    memo = plan_of(analysis).value_dead
     key = (node, int(nested))
     if key not in memo:
         memo[key] = all(
@@ -114,7 +115,7 @@ def _value_flows_ok(analysis, var, nested: bool) -> bool:
         seen.add(id(v))
         if nested and any(o is v for o in outs):
             return False
-        for node, index in _all_uses(analysis).get(v, ()):
+        for node, index in plan_of(analysis).all_uses.get(v, ()):
             eqn = graph.eqns[node]
             name = eqn.primitive.name
             if name == "select_n":
@@ -128,21 +129,6 @@ def _value_flows_ok(analysis, var, nested: bool) -> bool:
                 return False
             stack.extend(o for o in eqn.outvars if not isinstance(o, DropVar))
     return True
-
-
-def _all_uses(analysis):
-    """Every use of every variable, including those the liveness analysis
-    skips because they carry no derivative (comparisons, ``argmax``): those are
-    exactly the uses whose *values* matter."""
-    uses = analysis.notes.get("_all_uses")
-    if uses is None:
-        uses = {}
-        for node, eqn in enumerate(analysis.graph.eqns):
-            for i, v in enumerate(eqn.invars):
-                if not isinstance(v, Literal):
-                    uses.setdefault(v, []).append((node, i))
-        analysis.notes["_all_uses"] = uses
-    return uses
 
 
 def _through_call(sub, index: int) -> bool:

@@ -1,5 +1,6 @@
-"""The JAX rule table (:mod:`.table`), filled from the rule modules."""
+"""The JAX rule table (:mod:`hlo_guard.jax_frontend.rule_table`), filled from the rule modules."""
 
+from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules import (
     calls,
     elementwise,
@@ -8,7 +9,6 @@ from hlo_guard.jax_frontend.rules import (
     selection,
     structural,
 )
-from hlo_guard.jax_frontend.rules.table import RULES
 
 elementwise.register(RULES)
 selection.register(RULES)

@@ -18,21 +18,20 @@ from __future__ import annotations
 
 import weakref
 
-from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
-from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
-from hlo_guard.jax_frontend.rules.bodies import (
+from hlo_guard.jax_frontend.bodies import (
     CALL_BODY_PARAM,
     REWRITTEN_CALLS,
     body_of,
     control_bodies,
     scope_name,
 )
+from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
+from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
+from hlo_guard.jax_frontend.rule_table import RULES
+from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
-from hlo_guard.jax_frontend.rules.table import RULES
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import NONE
-
-_STRUCTURE_NOTE = "_custom_call_structure"
 
 #: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
 #: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
@@ -227,7 +226,7 @@ class CustomCall(JaxRule):
         # a body that also selects (optax's weighted_logsoftmax): its
         # reduce/broadcast structure, with the selections read as joins
         sub = analyze_body(body, scope_name(analysis.graph.scope, eqn), outs)
-        analysis.notes[(_STRUCTURE_NOTE, node)] = sub
+        plan_of(analysis).structure[node] = sub
         return [sub.value_liveness(v).without_partition() for v in body.invars]
 
     def input_masks(self, mctx, node, eqn, out_masks):
@@ -237,7 +236,7 @@ class CustomCall(JaxRule):
         if not is_lanewise_call(eqn):
             if is_selection_free_call(eqn) and (node, 0) in mctx.analysis.subs:
                 return self._structure.input_masks(mctx, node, eqn, out_masks)
-            sub = mctx.analysis.notes.get((_STRUCTURE_NOTE, node))
+            sub = plan_of(mctx.analysis).structure.get(node)
             if sub is None:
                 return [ALL] * len(eqn.invars)
             body, _ = body_of(eqn)
@@ -334,20 +333,6 @@ def probe_rule_tangents(mctx, eqn, in_masks):
             live = o != 0
             found[j] = live if found[j] is None else (found[j] | live)
     return [NONE if m is None else normalize(m) for m in found]
-
-
-#: ``Analysis.notes`` key of a body analysed only to compute masks (a custom
-#: call's primal body, never rewritten): its guard sites are not applied, so
-#: reports must not list them.
-MASK_ONLY = "_mask_only"
-
-
-def mark_mask_only(analysis) -> None:
-    stack = [analysis]
-    while stack:
-        a = stack.pop()
-        a.notes[MASK_ONLY] = True
-        stack.extend(a.subs.values())
 
 
 _STRUCTURE_KINDS = ("elementwise", "zero-derivative", "structural", "pass-through", "linear")

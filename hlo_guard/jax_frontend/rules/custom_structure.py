@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import weakref
 
+from hlo_guard.jax_frontend.bodies import CALL_BODY_PARAM, body_of
 from hlo_guard.jax_frontend.graph import JaxprGraph
-from hlo_guard.jax_frontend.rules.bodies import CALL_BODY_PARAM, body_of
+from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.elementwise import Elementwise
 from hlo_guard.jax_frontend.rules.structural import Structural, _as_reduce_sum
-from hlo_guard.jax_frontend.rules.table import RULES
 from passes.analysis import analyze
 from passes.rules import RuleTable
 

@@ -1,0 +1,139 @@
+"""What the JAX front end keeps per analysed jaxpr: the guard plan and the
+record of what rewriting it did.
+
+A :class:`GuardPlan` is computed lazily from an
+:class:`~passes.analysis.Analysis` and cached on it (``analysis.plan``), one
+per jaxpr and per nested body, so that a trace cache hit re-uses it.  It
+replaces string keys in a free-form dict: each field says what it holds, and
+the interpreter, the call rules, value mode and ``explain`` read the same
+typed object.
+
+The :class:`RewriteRecord` is the part only a guarded evaluation can fill
+in: guards that had to be skipped (their mask needed an effectful value, see
+:class:`passes.masks.ShadowUnavailable`) and which modes have been evaluated
+to the end.  ``explain`` reads it and traces the guarded program only when
+no evaluation in that mode has finished yet (TF's counterpart is
+:class:`hlo_guard.tf.records.BuildRecord`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, cast
+
+from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
+from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
+from hlo_guard.jax_frontend.rule_table import RULES
+from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
+from passes.lattice import LIVE
+from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
+
+#: primitives whose bodies the interpreter evaluates with guards
+_GUARDED_BODIES = REWRITTEN_CALLS | {"cond", "while", "scan", "shard_map"}
+
+#: a skipped guard: (node, input index, reason); index None for the masks of a
+#: call's outputs passed into its body, ("output", j) for a forward-mode guard
+SkippedGuard = tuple[int, Any, str]
+
+
+@dataclass
+class RewriteRecord:
+    """What guarded evaluations of one jaxpr found out."""
+
+    skipped: set[SkippedGuard] = field(default_factory=set)
+    #: modes (``"gradient"``, ``"value"``) some evaluation ran to the end in;
+    #: ``skipped`` is complete for those
+    finished: set[str] = field(default_factory=set)
+
+    def skip(self, node: int, index: Any, reason: str) -> None:
+        self.skipped.add((node, index, reason))
+
+
+@dataclass
+class GuardPlan:
+    """The guards of one analysed jaxpr, grouped the way evaluation uses them."""
+
+    analysis: Analysis
+    record: RewriteRecord = field(default_factory=RewriteRecord)
+    #: a custom call's primal body, analysed only for its masks and never
+    #: rewritten: its planned sites are not applied, so reports skip them
+    mask_only: bool = False
+    #: node -> the structure-only analysis of a custom call's body (selections
+    #: read as joins), made by the call rule and read back for its masks
+    structure: dict[int, Analysis] = field(default_factory=dict)
+    #: guarded callables of call bodies, keyed by (node, which output masks
+    #: are passed, mode, nested): re-binding the same callable lets JAX's own
+    #: caches (jit, checkpoint) hit
+    callables: dict[tuple, Callable] = field(default_factory=dict)
+    #: value mode: whether a node's dead lanes are dead by value, per (node, nested)
+    value_dead: dict[tuple[int, int], bool] = field(default_factory=dict)
+
+    @property
+    def graph(self) -> JaxprGraph:
+        """The analysed jaxpr's graph (the JAX front end only analyses these)."""
+        return cast(JaxprGraph, self.analysis.graph)
+
+    @cached_property
+    def sites_by_node(self) -> dict[int, list[GuardSite]]:
+        grouped: dict[int, list[GuardSite]] = {}
+        for site in plan_guards(self.analysis)[0]:
+            grouped.setdefault(site.node, []).append(site)
+        return grouped
+
+    @cached_property
+    def forward(self) -> ForwardAnalysis:
+        """Tangent liveness of the graph evaluated with guards: its inputs (and
+        constants, which may be tracers closed over from an outer
+        transformation) count as fully live."""
+        graph = self.graph
+        n_in = len(graph.jaxpr.invars) + len(graph.jaxpr.constvars)
+        return analyze_forward(graph, RULES, [LIVE] * n_in)
+
+    @cached_property
+    def output_sites_by_node(self) -> dict[int, list[OutputGuardSite]]:
+        grouped: dict[int, list[OutputGuardSite]] = {}
+        for site in plan_output_guards(self.analysis, self.forward):
+            grouped.setdefault(site.node, []).append(site)
+        return grouped
+
+    @cached_property
+    def needs_rewrite(self) -> bool:
+        """Whether evaluating this graph differs from binding it as it is."""
+        if self.sites_by_node or self.output_sites_by_node:
+            return True
+        eqns = self.graph.eqns
+        return any(
+            eqns[node].primitive.name in _GUARDED_BODIES and plan_of(sub).needs_rewrite
+            for (node, _), sub in self.analysis.subs.items()
+        )
+
+    @cached_property
+    def all_uses(self) -> dict[Any, list[tuple[int, int]]]:
+        """Every use of every variable, including those the liveness analysis
+        skips because they carry no derivative (comparisons, ``argmax``):
+        those are exactly the uses whose *values* matter (value mode)."""
+        uses: dict[Any, list[tuple[int, int]]] = {}
+        for node, eqn in enumerate(self.graph.eqns):
+            for i, v in enumerate(eqn.invars):
+                if not isinstance(v, Literal):
+                    uses.setdefault(v, []).append((node, i))
+        return uses
+
+
+def plan_of(analysis: Analysis) -> GuardPlan:
+    """The plan of ``analysis``, made on first use."""
+    plan = analysis.plan
+    if plan is None:
+        plan = analysis.plan = GuardPlan(analysis)
+    return plan
+
+
+def mark_mask_only(analysis: Analysis) -> None:
+    """Mark ``analysis`` and every body nested in it as analysed for masks only."""
+    stack = [analysis]
+    while stack:
+        a = stack.pop()
+        plan_of(a).mask_only = True
+        stack.extend(a.subs.values())

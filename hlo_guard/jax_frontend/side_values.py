@@ -1,0 +1,119 @@
+"""The values a guarded evaluation reads: the guarded environment, and the
+values computed *on the side* when a mask needs one that the evaluation has
+not reached yet (a predicate downstream of the guarded operation).
+
+Side values are computed once per scope, from gradient-stopped inputs, never
+from an effectful equation (:class:`passes.masks.ShadowUnavailable` says
+why, and the guard is skipped and reported).  During a gradient-mode
+evaluation their inputs keep their derivatives instead, so that a contraction
+computed on the side can hand its values to the guarded evaluation
+(:mod:`hlo_guard.jax_frontend.shared_primal`) rather than be computed twice.
+
+Split out of the interpreter's ``Scope``: this part only knows the jaxpr, not
+rules, masks or guards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context, stop_if_inexact
+from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
+from passes.masks import ShadowUnavailable
+
+MISSING = object()
+
+
+class ScopeValues:
+    """The values of one jaxpr's variables during its (guarded or mask-only)
+    evaluation.  ``parent_value`` reads a variable of the enclosing scope;
+    ``parent_inputs`` maps this body's inputs to the caller's atoms."""
+
+    def __init__(
+        self,
+        graph: JaxprGraph,
+        consts: Sequence[Any],
+        args: Sequence[Any],
+        parent_value: Callable[[Any], Any] | None = None,
+        parent_inputs: dict[Any, Any] | None = None,
+    ):
+        self.graph = graph
+        #: values of the guarded evaluation, in program order
+        self.env: dict[Any, Any] = {}
+        #: values computed on the side for masks
+        self.shadow: dict[Any, Any] = {}
+        self.parent_value = parent_value
+        self.parent_inputs = parent_inputs or {}
+        jaxpr = graph.jaxpr
+        for v, c in zip(jaxpr.constvars, consts):
+            self.env[v] = c
+        for v, a in zip(jaxpr.invars, args):
+            self.env[v] = a
+        #: set while a gradient-mode evaluation runs: side inputs keep their
+        #: derivatives so that side values can be shared as primals
+        self.sharing = False
+
+    def value(self, atom):
+        """The value of ``atom``, computing it on the side if need be."""
+        if isinstance(atom, Literal):
+            return atom.val
+        val = self.known(atom)
+        if val is MISSING:
+            self._compute_on_side(atom)
+            val = self.known(atom)
+        return val
+
+    def known(self, var):
+        """The value of ``var`` if it is already available, else ``MISSING``."""
+        val = self.env.get(var, MISSING)
+        if val is MISSING:
+            val = self.shadow.get(var, MISSING)
+        if val is MISSING and var in self.parent_inputs and self.parent_value is not None:
+            val = self.parent_value(self.parent_inputs[var])
+            self.shadow[var] = val
+        return val
+
+    def side(self, var):
+        """The side value of ``var``, or ``MISSING``."""
+        return self.shadow.get(var, MISSING)
+
+    def _compute_on_side(self, target):
+        stack = [target]
+        eqns = self.graph.eqns
+        while stack:
+            var = stack[-1]
+            if self.known(var) is not MISSING:
+                stack.pop()
+                continue
+            prod = self.graph.producer(var)
+            if prod is None:
+                raise ShadowUnavailable(f"no value for {var}")
+            eqn = eqns[prod[0]]
+            missing = [
+                v for v in eqn.invars if not isinstance(v, Literal) and self.known(v) is MISSING
+            ]
+            if missing:
+                stack.extend(missing)
+                continue
+            if eqn.effects:
+                raise ShadowUnavailable(
+                    f"the mask needs the result of effectful '{eqn.primitive.name}', "
+                    "which must run exactly once"
+                )
+            invals = [self._side_input(v) for v in eqn.invars]
+            with eqn_context(eqn):
+                outs = bind_eqn(eqn, invals)
+            for ov, o in zip(eqn.outvars, outs):
+                if not isinstance(ov, DropVar):
+                    self.shadow[ov] = o
+            stack.pop()
+
+    def _side_input(self, atom):
+        """Side values are already gradient-free; guarded ones get cut here."""
+        if isinstance(atom, Literal):
+            return atom.val
+        if atom in self.shadow:
+            return self.shadow[atom]
+        value = self.value(atom)
+        return value if self.sharing else stop_if_inexact(value)

@@ -1,0 +1,117 @@
+"""The typed per-jaxpr plan and rewrite record (``jax_frontend.plan``).
+
+What must hold: the plan is made once per analysis and re-used (a trace
+cache hit does not plan again); the rewrite record collects skipped guards in
+the scope they belong to; and ``explain`` of a guarded function that has
+already been evaluated reads that record instead of evaluating the guarded
+program again -- while a fresh function still gets its skipped guards
+reported (one evaluation).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+
+from hlo_guard import explain, guard, guarded_jit
+from hlo_guard.jax_frontend import interpreter
+from hlo_guard.jax_frontend.plan import plan_of
+
+X = jnp.array([-1.0, 0.0, 0.25, 4.0])
+
+
+def f_where(x):
+    return jnp.sum(jnp.where(x > 0, jnp.sqrt(x), 0.0))
+
+
+def f_effectful(x):
+    a = jnp.sqrt(x)
+    p = io_callback(
+        lambda v: np.asarray(v > 0.5), jax.ShapeDtypeStruct(x.shape, jnp.bool_), a, ordered=True
+    )
+    return jnp.sum(jnp.where(p, a, 0.0))
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """How many guarded evaluations of a top-level jaxpr start."""
+    count = {"n": 0}
+    original = interpreter.run_guarded
+
+    def counting(analysis, *args, **kwargs):
+        if not kwargs.get("nested", False) and len(args) < 3:
+            count["n"] += 1
+        return original(analysis, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter, "run_guarded", counting)
+    import hlo_guard.api as api
+
+    monkeypatch.setattr(api, "run_guarded", counting)
+    return count
+
+
+def _analyses(analysis):
+    yield analysis
+    for sub in analysis.subs.values():
+        yield from _analyses(sub)
+
+
+def test_plan_is_made_once_per_analysis():
+    g = guard(f_where)
+    program, _ = g.traced(X)
+    plan = plan_of(program.analysis)
+    assert plan_of(program.analysis) is plan
+    assert plan.needs_rewrite
+    sites = [
+        (a.graph.eqns[node].primitive.name, s.index)
+        for a in _analyses(program.analysis)
+        for node, node_sites in plan_of(a).sites_by_node.items()
+        for s in node_sites
+    ]
+    assert sites == [("sqrt", 0)]
+    again, _ = g.traced(X)  # trace cache hit: same analysis, same plan
+    assert plan_of(again.analysis) is plan
+
+
+def test_skipped_guard_is_recorded_in_its_scope():
+    g = guard(f_effectful)
+    program, _ = g.traced(X)
+    record = plan_of(program.analysis).record
+    assert not record.skipped and not record.finished
+    g(X)  # (io_callback has no derivative rule: forward only)
+    assert record.finished == {"gradient"}
+    # the where's predicate comes from the callback: the masks of jnp.where's
+    # outputs (passed into its body, index None) could not be built
+    ((node, index, reason),) = record.skipped
+    assert index is None and "io_callback" in reason
+    assert program.analysis.graph.eqns[node].primitive.name == "jit"
+
+
+def test_explain_after_a_call_does_not_evaluate_again(runs):
+    g = guarded_jit(f_effectful)
+    g(X)
+    before = runs["n"]
+    assert before >= 1
+    r = explain(g, X)
+    assert runs["n"] == before
+    (u,) = r.unguarded  # the record of the user's own call
+    assert (u.op, u.category) == ("sqrt", "skipped")
+
+
+def test_explain_of_a_fresh_function_evaluates_once(runs):
+    r = explain(f_effectful, X)
+    assert runs["n"] == 1
+    (u,) = r.unguarded
+    assert (u.op, u.category) == ("sqrt", "skipped")
+
+
+def test_value_mode_record_is_its_own():
+    """A gradient-mode evaluation does not stand in for a value-mode one."""
+    g = guard(f_where, mode="value")
+    program, _ = g.traced(X)
+    record = plan_of(program.analysis).record
+    g(X)
+    assert record.finished == {"value"}
