@@ -21,6 +21,7 @@ from typing import Any
 from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context, stop_if_inexact
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
 from passes.masks import ShadowUnavailable
+from passes.side_evaluation import evaluate_on_side
 
 MISSING = object()
 
@@ -79,35 +80,38 @@ class ScopeValues:
         return self.shadow.get(var, MISSING)
 
     def _compute_on_side(self, target):
-        stack = [target]
-        eqns = self.graph.eqns
-        while stack:
-            var = stack[-1]
-            if self.known(var) is not MISSING:
-                stack.pop()
-                continue
-            prod = self.graph.producer(var)
-            if prod is None:
-                raise ShadowUnavailable(f"no value for {var}")
-            eqn = eqns[prod[0]]
-            missing = [
-                v for v in eqn.invars if not isinstance(v, Literal) and self.known(v) is MISSING
-            ]
-            if missing:
-                stack.extend(missing)
-                continue
-            if eqn.effects:
-                raise ShadowUnavailable(
-                    f"the mask needs the result of effectful '{eqn.primitive.name}', "
-                    "which must run exactly once"
-                )
-            invals = [self._side_input(v) for v in eqn.invars]
-            with eqn_context(eqn):
-                outs = bind_eqn(eqn, invals)
-            for ov, o in zip(eqn.outvars, outs):
-                if not isinstance(ov, DropVar):
-                    self.shadow[ov] = o
-            stack.pop()
+        evaluate_on_side(
+            target,
+            available=lambda v: self.known(v) is not MISSING,
+            producer=self._producer,
+            operands=lambda node: [
+                v for v in self.graph.eqns[node].invars if not isinstance(v, Literal)
+            ],
+            leaf=self._no_value,
+            compute=self._compute,
+        )
+
+    def _producer(self, var):
+        prod = self.graph.producer(var)
+        return None if prod is None else prod[0]
+
+    @staticmethod
+    def _no_value(var):
+        raise ShadowUnavailable(f"no value for {var}")
+
+    def _compute(self, node: int) -> None:
+        eqn = self.graph.eqns[node]
+        if eqn.effects:
+            raise ShadowUnavailable(
+                f"the mask needs the result of effectful '{eqn.primitive.name}', "
+                "which must run exactly once"
+            )
+        invals = [self._side_input(v) for v in eqn.invars]
+        with eqn_context(eqn):
+            outs = bind_eqn(eqn, invals)
+        for ov, o in zip(eqn.outvars, outs):
+            if not isinstance(ov, DropVar):
+                self.shadow[ov] = o
 
     def _side_input(self, atom):
         """Side values are already gradient-free; guarded ones get cut here."""

@@ -43,6 +43,7 @@ from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
 from passes.planning import GuardSite, plan_guards
 from passes.rules import BroadcastOperandRule, implements
+from passes.side_evaluation import evaluate_on_side
 
 
 def import_traced(
@@ -160,48 +161,54 @@ class Builder:
         return seen
 
     def value(self, t) -> tf.Tensor:
-        """The original value of tensor ``t`` (a tensor or its name), gradient-stopped."""
+        """The original value of tensor ``t`` (a tensor or its name), gradient-stopped.
+
+        Operations downstream of a guard are copied on the side (the guarded
+        graph's own outputs would close a cycle through the guard's mask);
+        everything else is read as it is, behind a ``StopGradient``."""
         name = t if isinstance(t, str) else t.name
         hit = self._values.get(name)
         if hit is not None:
             return hit
-        stack = [name]
-        while stack:
-            cur = stack[-1]
-            if cur in self._values:
-                stack.pop()
-                continue
-            prod = self.graph.producer(cur)
-            if prod is None or prod[0] not in self.downstream:
-                tensor = self.graph.tensors.get(cur)
-                if tensor is None:
-                    tensor = tf.compat.v1.get_default_graph().get_tensor_by_name(cur)
-                if is_inexact(tensor.dtype):
-                    read = tf.stop_gradient(tensor)
-                    self.value_readers.add(read.op.name)
-                else:
-                    read = tensor
-                self._values[cur] = read
-                stack.pop()
-                continue
-            node, _ = prod
-            op = self.graph.op(node)
-            inputs = self.original_inputs[node]
-            missing = [x.name for x in inputs if x.name not in self._values]
-            if missing:
-                stack.extend(missing)
-                continue
-            if is_stateful(op):
-                raise ShadowUnavailable(
-                    f"the mask needs the result of stateful '{op.type}' "
-                    f"('{self.graph.user_name(op.name)}'), which must run exactly once"
-                )
-            with tf.name_scope("hlo_guard_shadow"):
-                copy = copy_op(op, [self._values[x.name] for x in inputs])
-            for orig, new in zip(op.outputs, copy.outputs):
-                self._values[orig.name] = new
-            stack.pop()
+        evaluate_on_side(
+            name,
+            available=lambda n: n in self._values,
+            producer=self._side_producer,
+            operands=lambda node: [x.name for x in self.original_inputs[node]],
+            leaf=self._read_original,
+            compute=self._copy_on_side,
+        )
         return self._values[name]
+
+    def _side_producer(self, name: str) -> int | None:
+        prod = self.graph.producer(name)
+        if prod is None or prod[0] not in self.downstream:
+            return None
+        return prod[0]
+
+    def _read_original(self, name: str) -> None:
+        tensor = self.graph.tensors.get(name)
+        if tensor is None:
+            tensor = tf.compat.v1.get_default_graph().get_tensor_by_name(name)
+        if is_inexact(tensor.dtype):
+            read = tf.stop_gradient(tensor)
+            self.value_readers.add(read.op.name)
+        else:
+            read = tensor
+        self._values[name] = read
+
+    def _copy_on_side(self, node: int) -> None:
+        op = self.graph.op(node)
+        if is_stateful(op):
+            raise ShadowUnavailable(
+                f"the mask needs the result of stateful '{op.type}' "
+                f"('{self.graph.user_name(op.name)}'), which must run exactly once"
+            )
+        inputs = self.original_inputs[node]
+        with tf.name_scope("hlo_guard_shadow"):
+            copy = copy_op(op, [self._values[x.name] for x in inputs])
+        for orig, new in zip(op.outputs, copy.outputs):
+            self._values[orig.name] = new
 
     # -- masks -----------------------------------------------------------------------
     def _input_masks(self, node: int, out_masks):
