@@ -28,12 +28,15 @@ import jax
 import numpy as np
 from jax import lax
 from jax.core import eval_jaxpr
-from jax.custom_derivatives import SymbolicZero
 
 from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
-from hlo_guard.jax_frontend.compat import primitive_jvp
 from hlo_guard.jax_frontend.graph import DropVar, Literal
+from hlo_guard.jax_frontend.guarded_binding import (
+    bind_sharing,
+    bind_with_broadcast_guards,
+    call_with,
+)
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rules import RULES
@@ -307,9 +310,9 @@ class Scope:
                     )
                 elif eqn.primitive.name in _SHARED_CALLS and self._rewrites(node, eqn):
                     fn, passed = _guarded_call(self, node, eqn, len(invals))
-                    outs = share_side_primal(side, partial(_call_with, fn), invals, passed)
+                    outs = share_side_primal(side, partial(call_with, fn), invals, passed)
                 else:
-                    outs = _bind_sharing(eqn, invals, wide, side)
+                    outs = bind_sharing(eqn, invals, wide, side)
                 for ov, o in zip(eqn.outvars, outs):
                     if not isinstance(ov, DropVar):
                         env[ov] = o
@@ -348,125 +351,6 @@ class Scope:
         if binder is not None and self._rewrites(node, eqn):
             return binder(self, node, eqn, invals)
         return bind_eqn(eqn, invals)
-
-
-def _bind_sharing(eqn, invals, wide, side):
-    """Bind ``eqn`` with ``side`` as its primal outputs (see
-    :mod:`shared_primal`); its tangents come from the guarded binding."""
-    if not wide:
-        return share_side_primal(side, partial(_bind_plain, eqn), invals)
-    index = sorted(wide)
-    shape = tuple(eqn.outvars[0].aval.shape)
-    masks = [to_guard_mask(wide[i], shape) for i in index]
-    return share_side_primal(side, partial(_bind_wide, eqn, index), invals, masks)
-
-
-def _call_with(fn, xs, masks):
-    return list(fn(*xs, *masks))
-
-
-def _bind_plain(eqn, xs, masks):
-    return bind_eqn(eqn, xs)
-
-
-def _bind_wide(eqn, index, xs, masks):
-    return bind_with_broadcast_guards(eqn, xs, dict(zip(index, masks)))
-
-
-def bind_with_broadcast_guards(eqn, invals, masks):
-    """Bind ``eqn`` so that its *derivative* sees the implicitly broadcast
-    operands in ``masks`` explicitly broadcast and guarded at the output's
-    shape, while its forward program is the bare operation.
-
-    A select on the broadcast operand itself would be folded away by XLA, but
-    not before it changed the order of XLA's algebraic rewrites (a 1-ulp
-    different forward in ``jnp.corrcoef``).  Inside a ``custom_jvp`` the guard
-    exists only in the JVP (and so in its transpose): the forward HLO is
-    untouched, and in reverse mode the dead lanes' contributions are selected
-    to zero *before* the broadcast's transpose sums them."""
-    prim = eqn.primitive
-    params = eqn.params  # elementwise/selection primitives: no sub-jaxprs to convert
-    out_shape = tuple(eqn.outvars[0].aval.shape)
-    index = sorted(masks)
-    n = len(invals)
-    mask_args = [to_guard_mask(masks[i], out_shape) for i in index]
-
-    def apply(*args):
-        return prim.bind(*args, **params)
-
-    @jax.custom_jvp
-    def op(*args):
-        return apply(*args[:n])
-
-    def op_jvp(primals, tangents):
-        vals, tans = list(primals[:n]), list(tangents[:n])
-        masks = dict(zip(index, primals[n:]))
-        for i in index:
-            vals[i] = lax_broadcast(vals[i], out_shape)
-        # Operands whose tangent is a symbolic zero (literals, constants) stay out
-        # of the JVP: instantiating them would bring back 0 * inf (x * 0.0 at inf).
-        live = [i for i in range(n) if not isinstance(tans[i], SymbolicZero)]
-        if not live:
-            out = apply(*vals)
-            return out, lax.full_like(out, 0)
-        live_tans = []
-        for i in live:
-            t = tans[i]
-            if i in masks:
-                t = lax_broadcast(t, out_shape)
-                t = lax.select(masks[i], t, lax.full_like(t, 0))
-            live_tans.append(t)
-
-        exact = _exact_jvp(prim, primals[:n], live, live_tans, params)
-        if exact is not None:
-            return exact
-
-        def of_live(*xs):
-            args = list(vals)
-            for i, x in zip(live, xs):
-                args[i] = x
-            return apply(*args)
-
-        return jax.jvp(of_live, [vals[i] for i in live], live_tans)
-
-    op.defjvp(op_jvp, symbolic_zeros=True)
-
-    return [op(*invals, *mask_args)]
-
-
-def _exact_jvp(prim, primals, live, live_tans, params):
-    """The op's own JVP rule at the *unbroadcast* primals, the guarded
-    tangents broadcast: the same kernels plain JAX runs (a rank-0 divisor stays
-    rank-0), so eager gradients stay bitwise equal to plain JAX's.  None if the
-    rule is unavailable or refuses the broadcast tangent."""
-    found = primitive_jvp(prim)
-    if found is None:
-        return None
-    rule, zero, zero_type = found
-    tangents = [zero(p) for p in primals]
-    for i, t in zip(live, live_tans):
-        tangents[i] = t
-    try:
-        out, t_out = rule(list(primals), tangents, **params)
-    except (TypeError, ValueError):
-        return None
-    if type(t_out) is zero_type:
-        t_out = lax.full_like(out, 0)
-    if tuple(np.shape(t_out)) != tuple(np.shape(out)):
-        return None
-    return out, t_out
-
-
-def lax_broadcast(x, shape):
-    """``x`` (rank 0, or with size-1 dimensions) broadcast to ``shape``."""
-    sx = tuple(np.shape(x))
-    if sx == tuple(shape):
-        return x
-    if len(sx) == 0:
-        return lax.broadcast_in_dim(x, shape, ())
-    keep = [d for d, n in enumerate(sx) if n == shape[d]]
-    squeezed = lax.reshape(x, tuple(sx[d] for d in keep))
-    return lax.broadcast_in_dim(squeezed, shape, tuple(keep))
 
 
 def _n_bodies(eqn):

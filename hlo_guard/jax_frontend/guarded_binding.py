@@ -1,0 +1,144 @@
+"""Binding one equation with guards that must not touch its forward program.
+
+* An operand an elementwise primitive broadcasts implicitly (a scalar divisor)
+  is guarded at the *output's* shape, inside a ``custom_jvp`` whose primal is
+  the bare operation (:func:`bind_with_broadcast_guards`).
+* A contraction that was already computed on the side for a mask hands those
+  values over as its primal (:func:`bind_sharing`, :mod:`shared_primal`).
+
+Split out of the interpreter: these bind a single equation and know nothing of
+scopes, plans or masks beyond the boolean arrays they are given.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+from hlo_guard.jax_frontend.binding import bind_eqn
+from hlo_guard.jax_frontend.compat import primitive_jvp
+from hlo_guard.jax_frontend.mask_ops import to_guard_mask
+from hlo_guard.jax_frontend.shared_primal import share_side_primal
+
+
+def bind_sharing(eqn, invals, wide, side):
+    """Bind ``eqn`` with ``side`` as its primal outputs (see
+    :mod:`shared_primal`); its tangents come from the guarded binding."""
+    if not wide:
+        return share_side_primal(side, partial(_bind_plain, eqn), invals)
+    index = sorted(wide)
+    shape = tuple(eqn.outvars[0].aval.shape)
+    masks = [to_guard_mask(wide[i], shape) for i in index]
+    return share_side_primal(side, partial(_bind_wide, eqn, index), invals, masks)
+
+
+def call_with(fn, xs, masks):
+    return list(fn(*xs, *masks))
+
+
+def _bind_plain(eqn, xs, masks):
+    return bind_eqn(eqn, xs)
+
+
+def _bind_wide(eqn, index, xs, masks):
+    return bind_with_broadcast_guards(eqn, xs, dict(zip(index, masks)))
+
+
+def bind_with_broadcast_guards(eqn, invals, masks):
+    """Bind ``eqn`` so that its *derivative* sees the implicitly broadcast
+    operands in ``masks`` explicitly broadcast and guarded at the output's
+    shape, while its forward program is the bare operation.
+
+    A select on the broadcast operand itself would be folded away by XLA, but
+    not before it changed the order of XLA's algebraic rewrites (a 1-ulp
+    different forward in ``jnp.corrcoef``).  Inside a ``custom_jvp`` the guard
+    exists only in the JVP (and so in its transpose): the forward HLO is
+    untouched, and in reverse mode the dead lanes' contributions are selected
+    to zero *before* the broadcast's transpose sums them."""
+    prim = eqn.primitive
+    params = eqn.params  # elementwise/selection primitives: no sub-jaxprs to convert
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    index = sorted(masks)
+    n = len(invals)
+    mask_args = [to_guard_mask(masks[i], out_shape) for i in index]
+
+    def apply(*args):
+        return prim.bind(*args, **params)
+
+    @jax.custom_jvp
+    def op(*args):
+        return apply(*args[:n])
+
+    def op_jvp(primals, tangents):
+        vals, tans = list(primals[:n]), list(tangents[:n])
+        masks = dict(zip(index, primals[n:]))
+        for i in index:
+            vals[i] = lax_broadcast(vals[i], out_shape)
+        # Operands whose tangent is a symbolic zero (literals, constants) stay out
+        # of the JVP: instantiating them would bring back 0 * inf (x * 0.0 at inf).
+        live = [i for i in range(n) if not isinstance(tans[i], SymbolicZero)]
+        if not live:
+            out = apply(*vals)
+            return out, lax.full_like(out, 0)
+        live_tans = []
+        for i in live:
+            t = tans[i]
+            if i in masks:
+                t = lax_broadcast(t, out_shape)
+                t = lax.select(masks[i], t, lax.full_like(t, 0))
+            live_tans.append(t)
+
+        exact = _exact_jvp(prim, primals[:n], live, live_tans, params)
+        if exact is not None:
+            return exact
+
+        def of_live(*xs):
+            args = list(vals)
+            for i, x in zip(live, xs):
+                args[i] = x
+            return apply(*args)
+
+        return jax.jvp(of_live, [vals[i] for i in live], live_tans)
+
+    op.defjvp(op_jvp, symbolic_zeros=True)
+
+    return [op(*invals, *mask_args)]
+
+
+def _exact_jvp(prim, primals, live, live_tans, params):
+    """The op's own JVP rule at the *unbroadcast* primals, the guarded
+    tangents broadcast: the same kernels plain JAX runs (a rank-0 divisor stays
+    rank-0), so eager gradients stay bitwise equal to plain JAX's.  None if the
+    rule is unavailable or refuses the broadcast tangent."""
+    found = primitive_jvp(prim)
+    if found is None:
+        return None
+    rule, zero, zero_type = found
+    tangents = [zero(p) for p in primals]
+    for i, t in zip(live, live_tans):
+        tangents[i] = t
+    try:
+        out, t_out = rule(list(primals), tangents, **params)
+    except (TypeError, ValueError):
+        return None
+    if type(t_out) is zero_type:
+        t_out = lax.full_like(out, 0)
+    if tuple(np.shape(t_out)) != tuple(np.shape(out)):
+        return None
+    return out, t_out
+
+
+def lax_broadcast(x, shape):
+    """``x`` (rank 0, or with size-1 dimensions) broadcast to ``shape``."""
+    sx = tuple(np.shape(x))
+    if sx == tuple(shape):
+        return x
+    if len(sx) == 0:
+        return lax.broadcast_in_dim(x, shape, ())
+    keep = [d for d, n in enumerate(sx) if n == shape[d]]
+    squeezed = lax.reshape(x, tuple(sx[d] for d in keep))
+    return lax.broadcast_in_dim(squeezed, shape, tuple(keep))
