@@ -1,0 +1,76 @@
+"""Real library code, as users write it (the "ordinary user code" rule).
+
+* numpyro's ``validate_sample`` wraps ``log_prob`` in
+  ``where(support.check(x), log_prob, -inf)``.  At a point outside the
+  support (``Gamma`` at ``x = 0``) the log-density branch is dead, yet its
+  ``lgamma``/``log`` derivatives poison the gradient: plain JAX gives NaN for
+  d/d(concentration) of a constant ``-inf``.  Oracle: a per-point Python
+  ``if`` -- 0 outside the support, the analytic derivative inside.
+* jax_md's pair energies already make their distances safe by hand
+  (``safe_mask``); the guard must then change nothing: eager gradients bitwise
+  equal, every dead lane reached is guarded (nothing reported unguarded).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import digamma
+
+from hlo_guard import explain, guard, guarded_jit
+
+dist = pytest.importorskip("numpyro.distributions")
+
+
+def _gamma_dlogp_dconcentration(c, rate, x):
+    """d/dc of log Gamma(x | c, rate) = c log(rate) + (c-1) log x - rate x - lgamma(c)."""
+    return np.log(rate) + np.log(x) - digamma(c)
+
+
+@pytest.mark.parametrize("x", [0.0, -1.0, 0.5, 2.0])
+def test_numpyro_gamma_log_prob_outside_the_support(x):
+    def logp(c):
+        return dist.Gamma(c, 1.0).log_prob(jnp.float32(x))
+
+    c = jnp.float32(1.5)
+    inside = x > 0
+    want = _gamma_dlogp_dconcentration(1.5, 1.0, x) if inside else 0.0
+    if not inside:
+        assert np.isnan(jax.grad(logp)(c))  # the bug is real
+    np.testing.assert_array_equal(guard(logp)(c), logp(c))
+    for got in (jax.grad(guard(logp))(c), jax.grad(guarded_jit(logp))(c)):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_numpyro_masked_batch_log_likelihood():
+    """A batch with points outside the support: their terms are -inf in the
+    log likelihood a user would mask; the gradient over the valid points
+    equals the per-point oracle summed over them."""
+    xs = jnp.array([0.0, 0.5, 1.0, 2.0, -1.0])
+    valid = np.asarray(xs) > 0
+
+    def loglik(c):
+        lp = dist.Gamma(c, 1.0).log_prob(xs)
+        return jnp.sum(jnp.where(xs > 0, lp, 0.0))
+
+    want = sum(_gamma_dlogp_dconcentration(1.5, 1.0, float(x)) for x in np.asarray(xs)[valid])
+    assert np.isnan(jax.grad(loglik)(jnp.float32(1.5)))
+    np.testing.assert_allclose(jax.grad(guarded_jit(loglik))(jnp.float32(1.5)), want, rtol=1e-5)
+
+
+def test_jax_md_pair_energy_is_left_as_it_was():
+    space = pytest.importorskip("jax_md.space")
+    energy = pytest.importorskip("jax_md.energy")
+    displacement, _ = space.periodic(10.0)
+    positions = jnp.asarray(np.random.default_rng(0).uniform(0, 10, (32, 3)), jnp.float32)
+    for pair in (energy.lennard_jones_pair, energy.soft_sphere_pair, energy.morse_pair):
+        e = pair(displacement)
+        plain = jax.grad(e)(positions)
+        assert np.all(np.isfinite(plain))  # jax_md's own safe_mask
+        np.testing.assert_array_equal(guard(e)(positions), e(positions))
+        np.testing.assert_array_equal(jax.grad(guard(e))(positions), plain)
+        jitted = jax.jit(jax.grad(guard(e)))(positions)
+        np.testing.assert_allclose(jitted, jax.jit(jax.grad(e))(positions), rtol=1e-5, atol=1e-3)
+        assert not explain(e, positions).unguarded
