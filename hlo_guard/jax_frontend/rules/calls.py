@@ -336,7 +336,9 @@ def probe_rule_tangents(mctx, eqn, in_masks):
 
 
 _STRUCTURE_KINDS = ("elementwise", "zero-derivative", "structural", "pass-through", "linear")
-_SELECTION_FREE_CACHE = {}
+#: jaxpr -> answer; weakly keyed, as the other per-jaxpr caches, so that it
+#: never keeps a body (and the constants of the jits inside it) alive
+_SELECTION_FREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def is_selection_free_call(eqn) -> bool:
@@ -347,10 +349,9 @@ def is_selection_free_call(eqn) -> bool:
 
 
 def _selection_free(jaxpr) -> bool:
-    key = id(jaxpr)
-    hit = _SELECTION_FREE_CACHE.get(key)
-    if hit is not None and hit[0] is jaxpr:
-        return hit[1]
+    hit = _SELECTION_FREE_CACHE.get(jaxpr)
+    if hit is not None:
+        return hit
     ok = True
     for e in jaxpr.eqns:
         name = e.primitive.name
@@ -365,7 +366,7 @@ def _selection_free(jaxpr) -> bool:
             )
         if not ok:
             break
-    _SELECTION_FREE_CACHE[key] = (jaxpr, ok)
+    _SELECTION_FREE_CACHE[jaxpr] = ok
     return ok
 
 
