@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-DTYPES = {
+DTYPES: dict[str, Any] = {
     "f16": np.float16,
     "bf16": "bfloat16",
     "f32": np.float32,
@@ -68,6 +68,7 @@ def fill(shape: tuple[int, ...], dtype: np.dtype, how: str) -> np.ndarray:
     if how not in FILLS:
         raise SpecError(f"unknown fill {how!r}; choose one of {', '.join(FILLS)}")
     size = int(np.prod(shape)) if shape else 1
+    flat: np.ndarray
     if how == "zeros":
         flat = np.zeros(size)
     elif how == "ones":

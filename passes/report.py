@@ -9,6 +9,7 @@ locations and the meaning of each mask in words.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,7 +33,8 @@ class SiteRecord:
     scope: str = ""  # nesting path, e.g. "jit(norm)"
     operand: int | None = None  # which input of ``op`` is guarded
     statically_dead: bool = False  # every lane dead: the guard is a stop_gradient
-    origins: list[OriginRecord] = field(default_factory=list)
+    # Sequence: a front end's richer records (``SiteInfo``'s ``OriginInfo``) fit
+    origins: Sequence[OriginRecord] = field(default_factory=list)
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -43,7 +45,7 @@ class SiteRecord:
 class Report:
     framework: str
     function: str
-    sites: list[SiteRecord] = field(default_factory=list)
+    sites: Sequence[SiteRecord] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -54,7 +56,7 @@ class Report:
     def unguarded(self) -> list[SiteRecord]:
         return [s for s in self.sites if s.kind == "unguarded"]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, Any]:
         return {"guards": len(self.guards), "unguarded": len(self.unguarded)}
 
     def to_dict(self) -> dict[str, Any]:

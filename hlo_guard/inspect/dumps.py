@@ -61,7 +61,7 @@ def mark_jaxpr(guarded: str, original: str) -> str:
     return "\n".join(f"{l}  # {notes[i]}" if i in notes else l for i, l in enumerate(lines))
 
 
-def mark_stablehlo(guarded: str, original: str = None) -> str:
+def mark_stablehlo(guarded: str, original: str | None = None) -> str:
     """``guarded`` with ``// hlo_guard: ...`` comments: a select of a value with
     itself is a guard as lowered in a forward program."""
     lines = guarded.splitlines()

@@ -22,7 +22,7 @@ its derivative could multiply by inf under ``jvp``/``jacfwd``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import jax
 
@@ -31,7 +31,7 @@ from hlo_guard.inspect.programs import Programs, function_name
 from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
 from hlo_guard.inspect.scopes import ScopeTree
-from hlo_guard.jax_frontend.graph import Literal
+from hlo_guard.jax_frontend.graph import Literal, OriginToken
 from hlo_guard.jax_frontend.plan import plan_of
 from passes.lattice import Level
 from passes.planning import plan_guards
@@ -121,7 +121,7 @@ class _Explainer:
                 self.origin(graph, site.node, site.index, tok) for tok in site.liveness.origins
             ]
             if passed_skip is not None and not any(
-                self.within(tok.graph, graph) for tok in site.liveness.origins
+                self.within(cast(OriginToken, tok).graph, graph) for tok in site.liveness.origins
             ):
                 # its mask was to come from the caller, which could not build it
                 out.append(

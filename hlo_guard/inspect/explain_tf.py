@@ -66,9 +66,10 @@ def plain_tf_kind(fn, args=(), kwargs=None) -> str:
 
 def _raised_in_tensorflow(exc: BaseException) -> bool:
     tf_mod = sys.modules.get("tensorflow")
-    if tf_mod is None or not getattr(tf_mod, "__file__", None):
+    tf_file = getattr(tf_mod, "__file__", None) if tf_mod is not None else None
+    if not tf_file:
         return False
-    tf_dir = os.path.dirname(os.path.abspath(tf_mod.__file__)) + os.sep
+    tf_dir = os.path.dirname(os.path.abspath(tf_file)) + os.sep
     tb = exc.__traceback__
     while tb is not None:
         if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(tf_dir):

@@ -172,7 +172,7 @@ class ExplainReport(Report):
         op = s.op or _get(s, "primitive")
         expr = _get(s, "operand_expr")
         if s.kind == "guard" and _get(s, "output", None) is not None:
-            what = f" output {s.output}" + (f" (`{expr}`)" if expr else "")
+            what = f" output {_get(s, 'output')}" + (f" (`{expr}`)" if expr else "")
             lines = [
                 f"GUARD #{n}: {op}{what} at {s.location or '?'}{scope} [forward mode: its tangent]"
             ]

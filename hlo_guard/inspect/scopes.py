@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from hlo_guard.jax_frontend.bodies import CALL_BODY_PARAM, body_of
-from hlo_guard.jax_frontend.graph import DropVar, Literal
+from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
 from hlo_guard.source import eqn_location
+from passes.analysis import Analysis
 
 #: how many (graph, value) pairs a forward search may visit before giving up
 MAX_FLOW_STEPS = 50_000
@@ -24,7 +26,7 @@ MAX_FLOW_STEPS = 50_000
 
 @dataclass(frozen=True)
 class Parent:
-    analysis: object  # the parent Analysis
+    analysis: Analysis  # the parent analysis
     node: int  # the call / control-flow equation in the parent
     k: int  # which body of that equation
 
@@ -33,8 +35,8 @@ class ScopeTree:
     def __init__(self, root):
         self.root = root
         self._parents: dict[int, Parent] = {}
-        self._analyses: list[object] = []
-        self._by_graph: dict[int, object] = {}
+        self._analyses: list[Analysis] = []
+        self._by_graph: dict[int, Analysis] = {}
         # forward (tangent) analyses build their own graph objects for call
         # bodies; they are mapped to the backward tree's graph of the same body
         self._equiv: dict[int, object] = {}
@@ -68,7 +70,7 @@ class ScopeTree:
         return self._forward_by_graph.get(id(graph))
 
     # -- navigation ---------------------------------------------------------------
-    def analyses(self) -> Iterator[object]:
+    def analyses(self) -> Iterator[Analysis]:
         """Every analysis, parents before children, in program order."""
         return iter(self._analyses)
 
@@ -84,7 +86,7 @@ class ScopeTree:
         p = self.parent(graph)
         if p is None:
             return None
-        eqn = p.analysis.graph.eqns[p.node]
+        eqn = _call_eqn(p)
         if eqn.primitive.name not in CALL_BODY_PARAM:
             return None
         body, _ = body_of(eqn)
@@ -99,7 +101,7 @@ class ScopeTree:
             return loc, False
         p = self.parent(graph)
         while p is not None:
-            loc = eqn_location(p.analysis.graph.eqns[p.node])
+            loc = eqn_location(_call_eqn(p))
             if loc:
                 return loc, True
             p = self.parent(p.analysis.graph)
@@ -111,7 +113,7 @@ class ScopeTree:
         p = self.parent(graph)
         if p is None:
             return ""
-        eqn = p.analysis.graph.eqns[p.node]
+        eqn = _call_eqn(p)
         return str(eqn.params.get("name", "") or "")
 
     # -- following values forward -----------------------------------------------------
@@ -163,7 +165,7 @@ class ScopeTree:
                 if ov is var:
                     p = self.parent(g)
                     if p is not None:
-                        peqn = p.analysis.graph.eqns[p.node]
+                        peqn = _call_eqn(p)
                         if (
                             peqn.primitive.name in CALL_BODY_PARAM or peqn.primitive.name == "cond"
                         ) and j < len(peqn.outvars):
@@ -183,3 +185,9 @@ class ScopeTree:
                         uses.setdefault(v, []).append((n, i))
             cache[id(graph)] = uses
         return uses
+
+
+def _call_eqn(p: Parent):
+    """The call or control-flow equation in the parent that a body belongs to
+    (the JAX front end analyses jaxpr graphs only)."""
+    return cast(JaxprGraph, p.analysis.graph).eqns[p.node]

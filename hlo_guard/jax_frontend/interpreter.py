@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -31,7 +31,7 @@ from jax.core import eval_jaxpr
 
 from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
-from hlo_guard.jax_frontend.graph import DropVar, Literal
+from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
 from hlo_guard.jax_frontend.guarded_binding import (
     bind_sharing,
     bind_with_broadcast_guards,
@@ -71,7 +71,8 @@ class Scope:
         self.analysis = analysis
         self.mode = mode
         self.nested = nested
-        self.graph = analysis.graph
+        # the JAX front end analyses jaxpr graphs only
+        self.graph: JaxprGraph = cast(JaxprGraph, analysis.graph)
         self.jaxpr = self.graph.jaxpr
         self.forward = forward
         self._in_tmasks = in_tmasks
@@ -325,7 +326,8 @@ class Scope:
     def output_masks_for(self, node: int, sub: Analysis):
         """Masks of call ``node``'s outputs to pass into its guarded body."""
         eqn = self.graph.eqns[node]
-        passed, fixed = [], []
+        passed: list[Any] = []
+        fixed: list[Any] = []
         n_carry = eqn.params.get("num_carry", 0) if eqn.primitive.name == "scan" else 0
         for j, lv in enumerate(sub.out_liveness):
             if lv.is_partial and j >= n_carry:
@@ -367,7 +369,7 @@ def run_guarded(
     safe points in value-dead lanes where it can (:mod:`value_mode`);
     ``nested``: a call or control-flow body, whose outputs feed a caller."""
     if out_masks is None:
-        out_masks = [ALL] * len(analysis.graph.jaxpr.outvars)
+        out_masks = [ALL] * len(cast(JaxprGraph, analysis.graph).jaxpr.outvars)
     return Scope(analysis, consts, args, out_masks, mode=mode, nested=nested).run()
 
 
@@ -507,13 +509,14 @@ def _bind_shard_map(scope: Scope, node, eqn, invals):
     def fn(*args):
         return tuple(run_guarded(sub, consts, args, mode=scope.mode, nested=True))
 
+    manual = set(p.get("newly_manual_axes", ()))
     mapped = jax.shard_map(
         fn,
         mesh=p["mesh"],
         in_specs=tuple(p["in_specs"]),
         out_specs=tuple(p["out_specs"]),
         check_vma=p.get("check_vma", True),
-        axis_names=set(p.get("newly_manual_axes", ())) or None,
+        **({"axis_names": manual} if manual else {}),  # empty: every mesh axis, JAX's default
     )
     return list(mapped(*invals))
 

@@ -228,7 +228,7 @@ def guarded_function(
 
     _copy_signature(call, guarded.python_function)
     # tf.function copies it onto the Function it binds to an instance (methods)
-    call.hlo_guard = guarded
+    call.hlo_guard = guarded  # type: ignore[attr-defined]  # a function attribute, read by guard_of
 
     # ``call`` has no Python control flow to convert, and autograph would try to
     # parse it as a lambda when the user's function is one (it carries the name

@@ -59,8 +59,8 @@ def _used_gradient_node(graph_def, fetch: Iterable[str]) -> str | None:
     nodes = {n.name: n for n in graph_def.node}
     functions = {f.signature.name: f for f in graph_def.library.function}
     stack = [_node_name(r) for r in fetch]
-    seen = set()
-    called = []
+    seen: set[str] = set()
+    called: list[str] = []
     while stack:
         name = stack.pop()
         if name in seen or name not in nodes:
@@ -123,5 +123,5 @@ def check_no_inner_gradient(concrete, graph_def, fetch: Iterable[str], function_
     )
     # AutoGraph (the caller's tf.function) would re-raise an unknown exception
     # type as a StagingError; this attribute, which it checks, keeps ours
-    error.ag_pass_through = True
+    error.ag_pass_through = True  # type: ignore[attr-defined]  # AutoGraph reads it
     raise error

@@ -20,6 +20,7 @@ exactly as the JAX front end does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -32,6 +33,7 @@ from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
 from passes.lattice import LIVE, Liveness
 from passes.masks import ALL, NONE, ForwardMaskResolver, ShadowUnavailable
 from passes.planning import OutputGuardSite, plan_output_guards
+from passes.rules import ForwardMaskRule, implements
 
 
 class ForwardView:
@@ -43,7 +45,7 @@ class ForwardView:
     def __init__(self, graph: TFGraph):
         self._graph = graph
         produced = {v for n in range(graph.node_count()) for v in graph.node_outputs(n)}
-        seen: dict[str, None] = {}
+        seen: dict[Any, None] = {}
         for n in range(graph.node_count()):
             for v in graph.node_inputs(n):
                 if v not in produced:
@@ -130,6 +132,10 @@ def _output_masks(builder, node: int, in_masks):
     rule = RULES.get(op.type)
     if rule is None:
         return [ALL] * len(op.outputs)
+    if not implements(rule, ForwardMaskRule):  # its outputs are fully live forward
+        raise RuntimeError(
+            f"hlo_guard internal: tangent masks asked of '{op.type}', which has no forward mask rule"
+        )
     return rule.forward_masks(builder, node, op, in_masks)
 
 

@@ -68,11 +68,12 @@ def build_report(record: BuildRecord, function: str) -> TFReport:
         )
     sites: list = []
     _collect(record, "", sites)
+    graph = record.graph
     return TFReport(
         "tensorflow",
         function,
         sites,
-        extra={"ops": record.graph.node_count(), "rule_table": RULES.name},
+        extra={"ops": graph.node_count() if graph is not None else 0, "rule_table": RULES.name},
     )
 
 
@@ -96,6 +97,8 @@ def _guard_record(graph, applied, scope: str, operand, reason: str = "") -> Site
 def _collect(record: BuildRecord, scope: str, sites: list) -> None:
     """Sites of one graph, then of its guarded control-flow bodies (with a scope)."""
     graph = record.graph
+    if graph is None:  # a fallback record: the function was left as it was
+        return
     for applied in record.applied:
         sites.append(_guard_record(graph, applied, scope, operand=applied.site.index))
     for applied in record.output_guards:

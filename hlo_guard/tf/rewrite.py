@@ -27,6 +27,7 @@ draw, a variable update) is not built: that guard is skipped and reported.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import tensorflow as tf
 
@@ -42,7 +43,7 @@ from passes.analysis import Analysis, analyze
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
 from passes.planning import GuardSite, plan_guards
-from passes.rules import BroadcastOperandRule, implements
+from passes.rules import BroadcastOperandRule, MaskRule, implements
 from passes.side_evaluation import evaluate_on_side
 
 
@@ -120,7 +121,9 @@ def _tensors_read(graph_def) -> set[str]:
 class Builder:
     """Masks and guards for one imported graph (the ``mctx`` rules read)."""
 
-    def __init__(self, graph: TFGraph, analysis: Analysis, rewired_outputs: set[int] = frozenset()):
+    def __init__(
+        self, graph: TFGraph, analysis: Analysis, rewired_outputs: AbstractSet[int] = frozenset()
+    ):
         """``rewired_outputs``: nodes whose outputs output guards will move
         the consumers off (their descendants are recomputed for masks, too)."""
         self.graph = graph
@@ -214,6 +217,10 @@ class Builder:
     def _input_masks(self, node: int, out_masks):
         op = self.graph.op(node)
         rule = RULES.get(op.type)
+        if not implements(rule, MaskRule):  # the analysis keeps such ops fully live
+            raise RuntimeError(
+                f"hlo_guard internal: masks asked of '{op.type}', which has no mask rule"
+            )
         return rule.input_masks(self, node, op, out_masks)
 
     # -- guards ----------------------------------------------------------------------

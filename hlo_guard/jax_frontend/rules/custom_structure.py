@@ -47,7 +47,7 @@ STRUCTURE_PRIMS = {
     "dot_general",
 }
 _FOLLOWED_KINDS = ("elementwise", "zero-derivative", "identity")
-_TABLE = []
+_TABLE: list[RuleTable] = []
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> bool
 
 
@@ -56,7 +56,9 @@ def structure_rules() -> RuleTable:
     if not _TABLE:
         table = RuleTable("jax-custom-structure")
         for name in RULES.names():
-            table.register(name, RULES.get(name))
+            rule = RULES.get(name)
+            if rule is not None:
+                table.register(name, rule)
         table.register(["select_n", "max", "min", "clamp"], Elementwise(guards=False))
         table.register(["reduce_max", "reduce_min"], Structural(seed=_as_reduce_sum))
         _TABLE.append(table)
