@@ -56,6 +56,32 @@ def make_fn(base):
     return f
 
 
+def make_custom_call_fn(base):
+    """A norm with a custom derivative whose primal body holds a jit with a
+    per-trace constant, used under ``where``: the call rule asks whether the
+    body is selection-free, which used to memoise the answer in a module
+    cache keyed by ``id(jaxpr)`` that held the jaxpr itself."""
+
+    def f(x):
+        const = base * np.float32(2.0)
+
+        @jax.custom_jvp
+        def norm(v):
+            # `v.sum() * const` keeps the constant in the body's jaxpr (a traced use)
+            return jax.jit(lambda v: jnp.sqrt(jnp.sum(v * v) + 0.0 * jnp.sum(v.sum() * const)))(v)
+
+        @norm.defjvp
+        def _norm_jvp(primals, tangents):
+            (v,), (dv,) = primals, tangents
+            n = norm(v)
+            return n, jnp.sum(v * dv) / n
+
+        n = norm(x)
+        return jnp.where(n > 0, 1.0 / n, 0.0)
+
+    return f
+
+
 def alive(refs):
     """How many distinct constant arrays are still alive."""
     gc.collect()
@@ -123,12 +149,14 @@ def test_jax_clear_caches_empties_the_trace_cache(grad):
     assert len(g._cache) == 1
 
 
+@pytest.mark.parametrize("make", [make_fn, make_custom_call_fn], ids=["jit", "custom_call"])
 @pytest.mark.parametrize("grad", [False, True])
-def test_no_module_cache_keeps_dropped_traces_alive(grad):
+def test_no_module_cache_keeps_dropped_traces_alive(grad, make):
     """Module-level caches keyed by jaxpr used to keep every analysed body (and
-    the constants of the jits nested in it) alive forever."""
+    the constants of the jits nested in it) alive forever -- the custom-call
+    case (its body checked for selections) until the fourth session."""
     const = np.ones(BIG, np.float32)
-    g = hlo_guard.guard(make_fn(const))
+    g = hlo_guard.guard(make(const))
     refs = run_shapes(g, range(2, 6), grad=grad)
     g._cache.cache_clear()
     jax.clear_caches()
@@ -192,38 +220,3 @@ def test_cache_bytes_bad_values():
     for bad in (-1, 1.5, "8", True):
         with pytest.raises(TypeError, match="cache_bytes"):
             hlo_guard.guard(lambda x: x, cache_bytes=bad)
-
-
-def make_custom_call_fn(base):
-    """A norm with a custom derivative whose primal body holds a jit with a
-    per-trace constant, used under ``where``: the call rule asks whether the
-    body is selection-free, which used to memoise the answer in a module
-    cache keyed by ``id(jaxpr)`` that held the jaxpr itself."""
-
-    def f(x):
-        const = base * np.float32(2.0)
-
-        @jax.custom_jvp
-        def norm(v):
-            # `v.sum() * const` keeps the constant in the body's jaxpr (a traced use)
-            return jax.jit(lambda v: jnp.sqrt(jnp.sum(v * v) + 0.0 * jnp.sum(v.sum() * const)))(v)
-
-        @norm.defjvp
-        def _norm_jvp(primals, tangents):
-            (v,), (dv,) = primals, tangents
-            n = norm(v)
-            return n, jnp.sum(v * dv) / n
-
-        n = norm(x)
-        return jnp.where(n > 0, 1.0 / n, 0.0)
-
-    return f
-
-
-def test_custom_call_bodies_are_not_kept_by_module_caches():
-    const = np.ones(BIG, np.float32)
-    g = hlo_guard.guard(make_custom_call_fn(const))
-    refs = run_shapes(g, range(2, 5), grad=True)
-    g._cache.cache_clear()
-    jax.clear_caches()
-    assert alive(refs) == 0
