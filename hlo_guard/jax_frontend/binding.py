@@ -10,6 +10,7 @@ import contextlib
 
 import jax
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 from jax.extend import source_info_util
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval
@@ -34,6 +35,26 @@ def bind_eqn(eqn, invals):
     subfuns, bind_params = params if isinstance(params, tuple) else ([], params)
     out = eqn.primitive.bind(*subfuns, *invals, **bind_params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def live_tangent_indices(tangents) -> list[int]:
+    """The arguments whose tangent is not a symbolic zero.  Only those enter
+    a JVP: instantiating a symbolic zero (a literal's, a constant's) would
+    bring back ``0 * inf`` where the local derivative is infinite."""
+    return [i for i, t in enumerate(tangents) if not isinstance(t, SymbolicZero)]
+
+
+def jvp_in(fn, args, live, live_tangents):
+    """``jax.jvp`` of ``fn(*args)`` in the arguments ``live`` only, the
+    others held at their values."""
+
+    def of_live(*xs):
+        full = list(args)
+        for i, x in zip(live, xs):
+            full[i] = x
+        return fn(*full)
+
+    return jax.jvp(of_live, [args[i] for i in live], list(live_tangents))
 
 
 def stop_if_inexact(x):

@@ -17,9 +17,8 @@ from functools import partial
 import jax
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
-from hlo_guard.jax_frontend.binding import bind_eqn
+from hlo_guard.jax_frontend.binding import bind_eqn, jvp_in, live_tangent_indices
 from hlo_guard.jax_frontend.compat import primitive_jvp
 from hlo_guard.jax_frontend.mask_ops import to_guard_mask
 from hlo_guard.jax_frontend.shared_primal import share_side_primal
@@ -78,9 +77,7 @@ def bind_with_broadcast_guards(eqn, invals, masks):
         masks = dict(zip(index, primals[n:]))
         for i in index:
             vals[i] = lax_broadcast(vals[i], out_shape)
-        # Operands whose tangent is a symbolic zero (literals, constants) stay out
-        # of the JVP: instantiating them would bring back 0 * inf (x * 0.0 at inf).
-        live = [i for i in range(n) if not isinstance(tans[i], SymbolicZero)]
+        live = live_tangent_indices(tans)
         if not live:
             out = apply(*vals)
             return out, lax.full_like(out, 0)
@@ -95,14 +92,7 @@ def bind_with_broadcast_guards(eqn, invals, masks):
         exact = _exact_jvp(prim, primals[:n], live, live_tans, params)
         if exact is not None:
             return exact
-
-        def of_live(*xs):
-            args = list(vals)
-            for i, x in zip(live, xs):
-                args[i] = x
-            return apply(*args)
-
-        return jax.jvp(of_live, [vals[i] for i in live], live_tans)
+        return jvp_in(apply, vals, live, live_tans)
 
     op.defjvp(op_jvp, symbolic_zeros=True)
 

@@ -30,7 +30,7 @@ from jax import lax
 from jax.core import eval_jaxpr
 
 from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
-from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_of, control_bodies, open_jaxpr
+from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
 from hlo_guard.jax_frontend.guarded_binding import (
     bind_sharing,
@@ -309,7 +309,7 @@ class Scope:
                         if wide
                         else self._bind(node, eqn, invals)
                     )
-                elif eqn.primitive.name in _SHARED_CALLS and self._rewrites(node, eqn):
+                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies:
                     fn, passed = _guarded_call(self, node, eqn, len(invals))
                     outs = share_side_primal(side, partial(call_with, fn), invals, passed)
                 else:
@@ -343,23 +343,11 @@ class Scope:
                 fixed.append(ALL if lv.is_live else NONE)
         return passed, fixed
 
-    def _rewrites(self, node, eqn) -> bool:
-        """Whether call/control-flow ``node`` is re-bound with a guarded body."""
-        subs = [self.analysis.subs.get((node, k)) for k in range(_n_bodies(eqn))]
-        return any(s is not None and plan_of(s).needs_rewrite for s in subs)
-
     def _bind(self, node, eqn, invals):
         binder = BINDERS.get(eqn.primitive.name)
-        if binder is not None and self._rewrites(node, eqn):
+        if binder is not None and node in self.plan.rewritten_bodies:
             return binder(self, node, eqn, invals)
         return bind_eqn(eqn, invals)
-
-
-def _n_bodies(eqn):
-    name = eqn.primitive.name
-    if name in REWRITTEN_CALLS:
-        return 1
-    return len(control_bodies(eqn))
 
 
 def run_guarded(

@@ -99,15 +99,20 @@ class GuardPlan:
         return grouped
 
     @cached_property
+    def rewritten_bodies(self) -> frozenset[int]:
+        """The call and control-flow nodes re-bound with a guarded body: some
+        body of theirs needs a rewrite itself."""
+        eqns = self.graph.eqns
+        return frozenset(
+            node
+            for (node, _), sub in self.analysis.subs.items()
+            if eqns[node].primitive.name in _GUARDED_BODIES and plan_of(sub).needs_rewrite
+        )
+
+    @cached_property
     def needs_rewrite(self) -> bool:
         """Whether evaluating this graph differs from binding it as it is."""
-        if self.sites_by_node or self.output_sites_by_node:
-            return True
-        eqns = self.graph.eqns
-        return any(
-            eqns[node].primitive.name in _GUARDED_BODIES and plan_of(sub).needs_rewrite
-            for (node, _), sub in self.analysis.subs.items()
-        )
+        return bool(self.sites_by_node or self.output_sites_by_node or self.rewritten_bodies)
 
     @cached_property
     def all_uses(self) -> dict[Any, list[tuple[int, int]]]:

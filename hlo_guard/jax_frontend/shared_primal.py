@@ -28,9 +28,9 @@ from typing import Any
 
 import jax
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 from jax.extend import core as jax_extend_core
 
+from hlo_guard.jax_frontend.binding import jvp_in, live_tangent_indices
 from hlo_guard.jax_frontend.graph import is_inexact_aval
 
 #: primitives whose second copy costs real work: contractions.  Cheaper
@@ -91,17 +91,15 @@ def share_side_primal(
         ins = list(primals[:n])
         masks = list(primals[n : n + n_extra])
         values = list(primals[n + n_extra :])
-        live = [i for i in range(n) if not isinstance(tangents[i], SymbolicZero)]
+        live = live_tangent_indices(tangents[:n])
         if not live:
             return values, [lax.full_like(v, 0) for v in values]
-
-        def of_live(*xs):
-            args = list(ins)
-            for i, x in zip(live, xs):
-                args[i] = x
-            return list(compute(args, masks))
-
-        _, t_out = jax.jvp(of_live, [ins[i] for i in live], [tangents[i] for i in live])
+        _, t_out = jvp_in(
+            lambda *args: list(compute(list(args), masks)),
+            ins,
+            live,
+            [tangents[i] for i in live],
+        )
         return values, list(t_out)
 
     shared.defjvp(shared_jvp, symbolic_zeros=True)

@@ -305,7 +305,7 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     NaN/inf ``c_k`` counts as live: a genuine singularity stays visible)."""
     import jax
 
-    from hlo_guard.jax_frontend.binding import bind_eqn, stop_if_inexact
+    from hlo_guard.jax_frontend.binding import bind_eqn, jvp_in, stop_if_inexact
     from hlo_guard.jax_frontend.graph import is_inexact_aval
     from hlo_guard.jax_frontend.mask_ops import materialize, normalize
 
@@ -317,16 +317,10 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     ]
     found = [None] * len(eqn.outvars)
     for k in diff:
-
-        def of_k(xk, k=k):
-            args = list(vals)
-            args[k] = xk
-            return bind_eqn(eqn, args)
-
         aval = eqn.invars[k].aval
         tangent = materialize(in_masks[k], tuple(aval.shape))
         tangent = jax.numpy.asarray(tangent).astype(aval.dtype)
-        _, outs = jax.jvp(of_k, (vals[k],), (tangent,))
+        _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals, [k], [tangent])
         for j, o in enumerate(outs):
             if o.dtype == jax.dtypes.float0 or not is_inexact_aval(eqn.outvars[j].aval):
                 continue

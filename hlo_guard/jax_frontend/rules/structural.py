@@ -147,9 +147,6 @@ class _LinearProbe:
             return np.full(shape, value, dtype=dtype)
         return jax.lax.full(shape, value, dtype)
 
-    def _zeros(self, i):
-        return self._filled(i, 0)
-
     def groups(self):
         return [[i] for i in self.diff] if self.bilinear else [self.diff]
 
@@ -168,7 +165,7 @@ class _LinearProbe:
         return f
 
     def primals(self, group):
-        ps = [self.vals[i] if self.value_dependent else self._zeros(i) for i in group]
+        ps = [self.vals[i] if self.value_dependent else self._filled(i, 0) for i in group]
         return ps if self.static else [jax.lax.stop_gradient(p) for p in ps]
 
     def run(self, compute):
