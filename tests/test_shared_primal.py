@@ -101,3 +101,31 @@ def test_value_mode_does_not_share():
     want = jax.grad(block_dw, argnums=(0, 1))(*args)
     for a, b in zip(g, want):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+def _norm_all_rows(h):
+    """Every row selected (``ms >= 0``): a zero row's ``rsqrt(0)`` is live, a
+    genuine singularity that no guard may hide."""
+    ms = jnp.mean(h * h, axis=-1, keepdims=True)
+    return jnp.where(ms >= 0, h * jax.lax.rsqrt(ms), 0.0)
+
+
+def test_genuine_singularity_downstream_stays_nan():
+    """The second norm's predicate still needs the side evaluation, and its
+    zero rows are live: the guarded gradient keeps their NaN exactly where the
+    double where of the first (dead) norm alone has it."""
+    args = inputs()
+
+    def f(x, w1, w2, first=_norm):
+        return jnp.sum(_norm_all_rows(first(x @ w1) @ w2))
+
+    def oracle(x, w1, w2):
+        return f(x, w1, w2, first=_norm_dw)
+
+    want = jax.grad(oracle, argnums=(0, 1, 2))(*args)
+    assert any(np.isnan(w).any() for w in want)  # the singularity is real
+    np.testing.assert_array_equal(guard(f)(*args), f(*args))
+    for wrap in (guard, guarded_jit):
+        for got, w in zip(jax.grad(wrap(f), argnums=(0, 1, 2))(*args), want):
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(w))
+            np.testing.assert_allclose(got, w, rtol=2e-5, atol=1e-6)
