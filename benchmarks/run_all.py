@@ -73,13 +73,40 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def update_results_md(table: str, path: str) -> None:
-    block = f"{BEGIN}\n{table}\n{END}"
+#: the JAX line whose generated block uses the plain markers above (the
+#: oldest supported release); every other line gets a block of its own
+BASE_JAX_LINE = "0.10"
+
+
+def jax_line() -> str:
+    """``major.minor`` of the installed JAX: RESULTS.md keeps one generated
+    block per line, so a run on jax 0.12 sits beside the 0.10.2 figures
+    instead of replacing them."""
+    import jax
+
+    return ".".join(jax.__version__.split(".")[:2])
+
+
+def markers(line: str) -> tuple[str, str]:
+    if line == BASE_JAX_LINE:
+        return BEGIN, END
+    return (
+        f"<!-- BEGIN GENERATED (benchmarks/run_all.py, jax {line}) -->",
+        f"<!-- END GENERATED (jax {line}) -->",
+    )
+
+
+def update_results_md(table: str, path: str, line: str = BASE_JAX_LINE) -> None:
+    begin, end = markers(line)
+    block = f"{begin}\n{table}\n{end}"
     text = open(path).read() if os.path.exists(path) else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + block + tail
+    elif END in text:  # a new JAX line: right after the base line's block
+        head, tail = text.split(END, 1)
+        text = head + END + "\n\n" + block + tail
     else:
         text = "# hlo_guard benchmark results\n\n" + block + "\n" + text
     with open(path, "w") as fh:
@@ -90,9 +117,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     mode = "quick" if args.quick else "full"
     cfg = MODES[mode]
+    line = jax_line()
     if args.json is None:
+        suffix = "" if line == BASE_JAX_LINE else f"-jax{line}"
         args.json = os.path.join(
-            HERE, "results", "latest-quick.json" if args.quick else "latest.json"
+            HERE, "results", f"latest-quick{suffix}.json" if args.quick else f"latest{suffix}.json"
         )
 
     from benchmarks.measure import measure_workload
@@ -146,8 +175,8 @@ def main(argv=None) -> int:
         json.dump(results, fh, indent=1, default=str)
     log(f"wrote {args.json} ({results['wall_s']:.0f} s)")
     if not args.no_write_results and (mode == "full" or args.write_results):
-        update_results_md(table, os.path.join(HERE, "RESULTS.md"))
-        log("updated benchmarks/RESULTS.md")
+        update_results_md(table, os.path.join(HERE, "RESULTS.md"), line)
+        log(f"updated benchmarks/RESULTS.md (jax {line} block)")
     return 0
 
 

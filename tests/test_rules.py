@@ -20,6 +20,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from hlo_guard import guard, guarded_jit
+from hlo_guard.jax_frontend.compat import jit_inlines
 from passes.lattice import Level
 from passes.planning import plan_guards
 
@@ -59,7 +60,7 @@ def _top_level(analysis, jaxpr):
     inline jits (``jnp.sqrt`` is one), which the trace keeps as calls so that
     eager ``guard(f)`` runs them as eager ``f`` does."""
     for i, e in enumerate(jaxpr.eqns):
-        if e.primitive.name == "jit" and e.params.get("inline"):
+        if e.primitive.name == "jit" and jit_inlines(e.params):
             sub = analysis.subs.get((i, 0)) if analysis is not None else None
             yield from _top_level(sub, e.params["jaxpr"].jaxpr)
         else:
@@ -486,8 +487,9 @@ def test_calls_carry_masks_into_their_body(kind):
     oracle = lambda x: jnp.where(x > 0, jnp.sqrt(dw(x > 0, x)), 0.0)
     check(f, oracle, x)
     prog = program(f, x)
-    call_name = {"jit": "jit", "closed_call": "closed_call", "remat": "remat2"}[kind]
-    analysis, node, _ = [t for t in eqns_named(prog, call_name) if not t[2].params.get("inline")][0]
+    # closed_call_p is named "eval_jaxpr" from jax 0.11 on
+    call_name = {"jit": "jit", "closed_call": jax_core.closed_call_p.name, "remat": "remat2"}[kind]
+    analysis, node, _ = [t for t in eqns_named(prog, call_name) if not jit_inlines(t[2].params)][0]
     assert analysis is prog.analysis
     sub = prog.analysis.subs[(node, 0)]
     assert ("sqrt", 0) in guarded_uses(sub)

@@ -135,25 +135,41 @@ def ulp_distance(a, b):
     return np.abs(ia - ib)
 
 
-def assert_derivative_transparent(got, want, what):
-    for k, (g, w) in enumerate(zip(got, want)):
-        g, w = np.asarray(g), np.asarray(w)
-        finite = np.isfinite(w)
-        # "identical" up to ULP_TOLERANCE: under jit the inserted selects can change
-        # XLA's fusion and with it the order of a reduction (seen: jnp.nanstd, 1 ulp).
-        # A lane that is a difference of larger terms inherits their rounding, so the
-        # tolerance is in ulps of the array's largest finite magnitude (seen:
-        # jnp.corrcoef, 22 ulps of 0.17 = 1 ulp of 5.6, the terms it cancels).
-        scale = np.max(np.abs(w[finite])) if finite.any() else 0
-        with np.errstate(over="ignore"):
-            spacing = (
-                np.spacing(np.asarray(scale, w.dtype)) if np.issubdtype(w.dtype, np.floating) else 0
-            )
-        same = (
+def _same_lanes(g, w):
+    """Lanes where ``g`` equals ``w``, "identical" up to ULP_TOLERANCE: under jit
+    the inserted selects can change XLA's fusion and with it the order of a
+    reduction (seen: jnp.nanstd, 1 ulp).  A lane that is a difference of larger
+    terms inherits their rounding, so the tolerance is in ulps of the array's
+    largest finite magnitude (seen: jnp.corrcoef, 22 ulps of 0.17 = 1 ulp of 5.6,
+    the terms it cancels)."""
+    finite = np.isfinite(w)
+    scale = np.max(np.abs(w[finite])) if finite.any() else 0
+    with np.errstate(over="ignore"):
+        spacing = (
+            np.spacing(np.asarray(scale, w.dtype)) if np.issubdtype(w.dtype, np.floating) else 0
+        )
+    with np.errstate(invalid="ignore"):
+        return (
             (g == w)
             | (ulp_distance(g, w) <= ULP_TOLERANCE)
             | (np.abs(g - w) <= ULP_TOLERANCE * spacing)
         )
+
+
+def assert_derivative_transparent(got, want, what, eager=None):
+    """``got`` (guarded, jit) against ``want`` (plain, jit).  ``eager``: plain
+    JAX's eager derivative; a lane where plain JAX disagrees with itself
+    (eager vs jit: an ill-conditioned lane, where XLA's fusion rounding is
+    amplified -- seen on jax 0.12: ``special.beta(2, 1.2e-38)``, eager 0, jit
+    -7.7e28) is accepted when the guarded value equals either of JAX's own."""
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        if eager is not None:
+            e = np.asarray(eager[k])
+            unstable = ~_same_lanes(e, w)
+            g = np.where(unstable & _same_lanes(g, e), w, g)
+        finite = np.isfinite(w)
+        same = _same_lanes(g, w)
         bad = finite & ~same
         if bad.any():
             raise AssertionError(
@@ -200,9 +216,10 @@ def _compiled(case):
 @pytest.mark.parametrize("case", CASES, ids=[c.label for c in CASES])
 def test_guard_is_transparent(case):
     plain, guarded, differentiable = _compiled(case)
+    eager_grad = jax.grad(loss_of(case.fn), argnums=tuple(range(case.arity)))
     for name, args in inputs_for(case):
         what = f"{case.label} on {name} inputs"
         want, got = plain(*args), guarded(*args)
         assert_bitwise(got[0], want[0], what)
         if differentiable:
-            assert_derivative_transparent(got[1], want[1], what)
+            assert_derivative_transparent(got[1], want[1], what, eager=eager_grad(*args))

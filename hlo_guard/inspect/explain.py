@@ -31,6 +31,7 @@ from hlo_guard.inspect.programs import Programs, function_name
 from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
 from hlo_guard.inspect.scopes import ScopeTree
+from hlo_guard.jax_frontend.compat import jit_inlines
 from hlo_guard.jax_frontend.graph import Literal, OriginToken
 from hlo_guard.jax_frontend.plan import plan_of
 from passes.lattice import Level
@@ -86,13 +87,13 @@ def _op_name(eqn) -> str:
     """``sqrt``; calls by their name: ``jit(norm)``, ``custom_jvp_call(relu)``."""
     name = eqn.params.get("name") if hasattr(eqn, "params") else None
     prim = eqn.primitive.name
-    if prim in ("jit", "pjit") and eqn.params.get("inline") and isinstance(name, str) and name:
+    if prim in ("jit", "pjit") and jit_inlines(eqn.params) and isinstance(name, str) and name:
         return name.lstrip("_") or prim  # jnp's inline wrapper: the user's jnp.maximum
     return f"{prim}({name})" if isinstance(name, str) and name else prim
 
 
 def _is_inline_call(eqn) -> bool:
-    return eqn.primitive.name in ("jit", "pjit") and bool(eqn.params.get("inline"))
+    return eqn.primitive.name in ("jit", "pjit") and jit_inlines(eqn.params)
 
 
 def _level_name(level: Level) -> str:

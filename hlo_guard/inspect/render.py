@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hlo_guard.jax_frontend.compat import jit_inlines, scan_layout
 from hlo_guard.jax_frontend.graph import Literal
 
 INFIX = {
@@ -97,7 +98,7 @@ class Renderer:
         if prim == "cond" and i + 1 < len(eqn.invars):
             return self._atom(pgraph, eqn.invars[i + 1], 1)
         if prim == "scan":
-            nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+            nc, nk = scan_layout(eqn.params, len(eqn.invars))
             if i < nc:
                 return self._atom(pgraph, eqn.invars[i], 1)
             if i < nc + nk:
@@ -188,7 +189,7 @@ class Renderer:
         """A call's output rendered by its body (``jnp.greater``'s inline jit is
         ``x > 0.0``), when the body was analysed; None otherwise."""
         eqn = graph.eqns[node]
-        if eqn.primitive.name not in ("jit", "pjit") or not eqn.params.get("inline"):
+        if eqn.primitive.name not in ("jit", "pjit") or not jit_inlines(eqn.params):
             return None
         a = self.tree.analysis_of(graph)
         sub = a.subs.get((node, 0)) if a is not None else None

@@ -6,6 +6,8 @@ to import another to do it."""
 
 from __future__ import annotations
 
+from hlo_guard.jax_frontend.compat import jit_inlines
+
 
 def open_jaxpr(obj):
     """(open jaxpr, consts) of a ClosedJaxpr or a Jaxpr param."""
@@ -17,13 +19,16 @@ def open_jaxpr(obj):
 CALL_BODY_PARAM = {
     "jit": "jaxpr",
     "closed_call": "call_jaxpr",
+    # jax 0.11+: `closed_call_p` is `eval_jaxpr_p` (in 0.10 that primitive is
+    # staged out as a closed_call and never appears in a jaxpr)
+    "eval_jaxpr": "call_jaxpr",
     "remat2": "jaxpr",
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
 }
 
 #: calls whose body the interpreter rewrites (custom-derivative calls are not)
-REWRITTEN_CALLS = {"jit", "closed_call", "remat2"}
+REWRITTEN_CALLS = {"jit", "closed_call", "eval_jaxpr", "remat2"}
 
 
 def body_of(eqn):
@@ -33,7 +38,7 @@ def body_of(eqn):
 
 def scope_name(parent_scope: str, eqn) -> str:
     """The scope path reports give a call's body (``jit(norm)/...``)."""
-    if eqn.primitive.name in ("jit", "pjit") and eqn.params.get("inline"):
+    if eqn.primitive.name in ("jit", "pjit") and jit_inlines(eqn.params):
         return parent_scope  # jnp's inline wrappers (jit(sqrt)): not a scope to users
     name = eqn.params.get("name")
     label = f"{eqn.primitive.name}({name})" if name else eqn.primitive.name

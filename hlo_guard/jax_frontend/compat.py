@@ -76,7 +76,7 @@ def _install_staging_rule() -> bool:
     def staging_rule(trace, source_info, *args, **params):
         keep = getattr(_local, "traces", ())
         if (
-            params.get("inline")
+            jit_inlines(params)
             and any(trace is t for t in keep)
             and not any(isinstance(c, jcore.Ref) for c in params["jaxpr"].consts)
             and not any(getattr(v, "initial_qdd", None) for v in params["jaxpr"].jaxpr.invars)
@@ -155,3 +155,35 @@ def primitive_jvp(prim):
         return ad_util.Zero(jax.typeof(x).to_tangent_aval())
 
     return rule, zero, ad_util.Zero
+
+
+# -- primitive parameters that moved between JAX versions ----------------------
+
+
+def scan_layout(params: dict, n_invars: int) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a ``scan`` equation.
+
+    jax 0.10.x: the params ``num_consts`` and ``num_carry``.  jax 0.11/0.12:
+    they are gone; ``ft_in`` is a flat tree ``(consts, carry, xs)`` over the
+    operands (``jax._src.flattree.FTTuple``), so the counts are the lengths of
+    its first two parts once filled with the operand positions.  Every rule
+    reads the layout here, never by key: a missing key must not silently read
+    as zero carries."""
+    if "num_carry" in params:  # jax 0.10
+        return params["num_consts"], params["num_carry"]
+    ft_in = params["ft_in"]  # jax 0.11, 0.12
+    consts, carry, _ = ft_in.update(list(range(n_invars))).unpack()
+    return len(list(consts)), len(list(carry))
+
+
+def jit_inlines(params: dict) -> bool:
+    """Whether a ``jit`` equation is one JAX inlines (``jit(inline=True)``).
+
+    jax 0.10.x: the param ``inline`` is a bool.  jax 0.11/0.12: it is a
+    ``jax.Inline`` member; ``AUTO`` is what ``inline=False`` became (so it is
+    truthy but *not* inlined), ``True`` became ``JAX_LATE``, and ``JAX_EARLY``
+    is inlined while tracing (never seen in a jaxpr, listed for completeness)."""
+    value = params.get("inline", False)
+    if isinstance(value, bool):
+        return value
+    return getattr(value, "name", None) in ("JAX_EARLY", "JAX_LATE")

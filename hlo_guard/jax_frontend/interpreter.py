@@ -31,6 +31,7 @@ from jax.core import eval_jaxpr
 
 from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
 from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
+from hlo_guard.jax_frontend.compat import scan_layout
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
 from hlo_guard.jax_frontend.guarded_binding import (
     bind_sharing,
@@ -328,7 +329,7 @@ class Scope:
         eqn = self.graph.eqns[node]
         passed: list[Any] = []
         fixed: list[Any] = []
-        n_carry = eqn.params.get("num_carry", 0) if eqn.primitive.name == "scan" else 0
+        n_carry = scan_layout(eqn.params, len(eqn.invars))[1] if eqn.primitive.name == "scan" else 0
         for j, lv in enumerate(sub.out_liveness):
             if lv.is_partial and j >= n_carry:
                 ov = eqn.outvars[j]
@@ -460,7 +461,7 @@ def _bind_while(scope: Scope, node, eqn, invals):
 def _bind_scan(scope: Scope, node, eqn, invals):
     p = eqn.params
     body_jaxpr, body_consts = open_jaxpr(p["jaxpr"])
-    nconsts, ncarry = p["num_consts"], p["num_carry"]
+    nconsts, ncarry = scan_layout(p, len(eqn.invars))
     consts, init, xs = (
         invals[:nconsts],
         invals[nconsts : nconsts + ncarry],
@@ -511,11 +512,12 @@ def _bind_shard_map(scope: Scope, node, eqn, invals):
 
 #: calls whose guarded re-binding may take side values as its primal outputs
 #: (``remat2`` is left out: its point is to recompute, not to share)
-_SHARED_CALLS = {"jit", "closed_call"}
+_SHARED_CALLS = {"jit", "closed_call", "eval_jaxpr"}
 
 BINDERS = {
     "jit": _bind_call,
     "closed_call": _bind_call,
+    "eval_jaxpr": _bind_call,  # jax 0.11+: closed_call under its new name
     "remat2": _bind_call,
     "cond": _bind_cond,
     "while": _bind_while,

@@ -67,7 +67,7 @@ VALUE_TRANSPARENT = (
         "pad",
     }
 )
-_CALLS = ("jit", "pjit", "closed_call", "core_call")
+_CALLS = ("jit", "pjit", "closed_call", "eval_jaxpr", "core_call")
 
 
 def check_mode(mode) -> str:

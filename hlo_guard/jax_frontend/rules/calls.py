@@ -1,6 +1,6 @@
 """Calls and control flow.
 
-* ``jit`` (every ``jnp.where`` is one), ``closed_call``, ``remat2``
+* ``jit`` (every ``jnp.where`` is one), ``closed_call`` (``eval_jaxpr`` from jax 0.11), ``remat2``
   (``jax.checkpoint``): the body is analysed with the liveness of the call's outputs and
   its inputs get the liveness of the body's inputs.  The interpreter keeps the
   boundary and re-binds the call with a guarded body (passing the output masks
@@ -25,6 +25,7 @@ from hlo_guard.jax_frontend.bodies import (
     control_bodies,
     scope_name,
 )
+from hlo_guard.jax_frontend.compat import scan_layout
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
 from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
@@ -142,7 +143,7 @@ class ControlFlow(JaxRule):
             if name == "cond":
                 body_outs = list(outs)
             elif name == "scan":
-                ncarry = eqn.params["num_carry"]
+                ncarry = scan_layout(eqn.params, len(eqn.invars))[1]
                 body_outs = [LIVE] * ncarry + list(outs[ncarry:])
             else:
                 body_outs = [LIVE] * len(body.outvars)
@@ -412,6 +413,6 @@ def _body_lanewise(jaxpr, shape) -> bool:
 
 
 def register(table):
-    table.register(["jit", "closed_call", "remat2"], Call(guards=False))
+    table.register(["jit", "closed_call", "eval_jaxpr", "remat2"], Call(guards=False))
     table.register(["custom_jvp_call", "custom_vjp_call"], CustomCall())
     table.register(["cond", "while", "scan", "shard_map"], ControlFlow())

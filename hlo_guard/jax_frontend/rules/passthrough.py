@@ -42,6 +42,7 @@ PASS_THROUGH = [
     "copy",
     "optimization_barrier",
     "shard_alike",
+    "relayout",  # jax 0.11+: a layout change, value unchanged
     "name",
     "layout_constraint",
 ]
