@@ -234,3 +234,20 @@ def test_fuzz_forward_mode_broadcast_literal_times_inf():
 
     check_forward_mode(root, f32(0, 0, 1, np.inf), f32(0, 0, 0, 0))
     check_program(root, f32(0, 0, 1, np.inf), f32(0, 0, 0, 0))
+
+
+def test_oracle_takes_branch_decisions_from_the_programs_own_values():
+    """Fuzzer harness bug (not the pass), from ``make fuzz``: the oracle decided
+    ``eq(maximum(arctan(-1.0), arctanh(-1.0)), arctan(x[0]))`` on its own 0-d
+    lanes, while XLA computes the two arctans 1 ulp apart under ``jit`` (the
+    constant side is folded at compile time, the other runs): the jitted
+    program takes the other branch.  With ``x == y`` both branches give the
+    same forward value, so only the derivative showed it (plain JAX, the guard
+    and every mode agreed; the oracle did not).  The oracle now decides every
+    branch on the program's own values, eager or jitted."""
+    arctan_const = Unary("arctan", Const(-1.0, 4))
+    left = Binary("maximum", arctan_const, Unary("arctanh", Const(-1.0, 4)))
+    right = Unary("arctan", Gather(Leaf("x"), (0, 0, 0, 0)))
+    root = Where("eq", left, right, Leaf("x"), Leaf("y"))
+    x = y = f32(-1.0, -1.0, -1.0, -1.0)
+    check_program(root, x, y)

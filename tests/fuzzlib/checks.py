@@ -125,14 +125,13 @@ def _check(root, x, y, *, jit, guard, guarded_jit):
         gj = guarded_jit(plain)
         plain_jit = jax.jit(plain)(xj, yj)
         assert_bitwise_equal(gj(xj, yj), plain_jit, "jit forward")
-        if bits(plain_jit).tobytes() != bits(plain(xj, yj)).tobytes():
-            # XLA's fused kernels round differently from the eager ones here, so the
-            # jitted program may take other branches than the (eager) oracle did
-            _note("jit forward differs from eager: jit derivative not compared")
-            return
+        # XLA's compiled kernels (and constant folding) may round a compared value
+        # differently from the eager ones, so the jitted program may take other
+        # branches: its oracle decides on the jitted program's own values
+        _, jox, joy = oracle.value_and_grad(root, x, y, jit=True)
         jx, jy = jax.jit(jax.grad(loss_of(gj), argnums=(0, 1)))(xj, yj)
-        assert_grads_match(jx, ox, "jit grad wrt x")
-        assert_grads_match(jy, oy, "jit grad wrt y")
+        assert_grads_match(jx, jox, "jit grad wrt x")
+        assert_grads_match(jy, joy, "jit grad wrt y")
 
 
 def check_forward_mode(root, x, y, *, guard=None):

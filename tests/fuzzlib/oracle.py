@@ -7,6 +7,13 @@ lane that indexing drops is never read.  This is the contract's definition of
 the right derivative ("each select replaced by a per-lane ``if``"), written
 without any code from hlo_guard.
 
+Which branch a lane takes is decided on the values JAX itself computed for the
+vectorised program (:func:`fuzzlib.vectorized.decisions_of`), never on the
+oracle's own 0-d lanes: XLA's scalar and vector kernels, and its constant
+folding under ``jit``, may round a value 1 ulp apart (``arctan(-1.0)``), and a
+comparison of two such values must not send the oracle down another branch
+than the program it checks.  Only derivatives can then differ.
+
 Ties follow JAX's own derivative conventions, because on a tie both sides are
 genuinely live:
 
@@ -34,7 +41,6 @@ from jax import lax
 
 from fuzzlib.program import (
     BINARY,
-    COMPARE,
     UNARY,
     Binary,
     Clip,
@@ -49,48 +55,49 @@ from fuzzlib.program import (
     Unary,
     Where,
 )
+from fuzzlib.vectorized import decisions_of
 
 
-def _maximum(a, b):
-    if a > b:
+def _lane_of(values, i):
+    """Lane ``i`` of a recorded vector (a length-1 vector broadcasts)."""
+    values = np.asarray(values).reshape(-1)
+    return values[i if values.size > 1 else 0]
+
+
+def _choose(a, b, va, vb, greater):
+    """``maximum`` (``greater``) or ``minimum`` of the traced lanes ``a``/``b``,
+    decided on JAX's own values ``va``/``vb`` of them."""
+    wins_a = va > vb if greater else va < vb
+    wins_b = vb > va if greater else vb < va
+    if wins_a:
         return a
-    if b > a:
+    if wins_b:
         return b
-    if a == b:
-        return jnp.maximum(a, b)
-    return lax.stop_gradient(jnp.maximum(a, b))
+    pick = jnp.maximum if greater else jnp.minimum
+    if va == vb:
+        return pick(a, b)
+    return lax.stop_gradient(pick(a, b))
 
 
-def _minimum(a, b):
-    if a < b:
-        return a
-    if b < a:
-        return b
-    if a == b:
-        return jnp.minimum(a, b)
-    return lax.stop_gradient(jnp.minimum(a, b))
-
-
-def _reduce_choose(op, lanes):
-    # Only comparisons (``bool`` of a traced 0-d value) are concrete under
-    # ``jax.grad``; ``float()`` of a lane is not.
+def _reduce_choose(op, lanes, values):
+    # the lanes that tie with the result, decided on JAX's own vector
     full = jnp.stack(lanes)
-    if any(bool(v != v) for v in lanes):
+    values = np.asarray(values).reshape(-1)
+    if np.isnan(values).any():
         return lax.stop_gradient(getattr(jnp, op)(full))
-    best = lanes[0]
-    for v in lanes[1:]:
-        if (v > best) if op == "max" else (v < best):
-            best = v
-    tied = [v for v in lanes if bool(v == best)]
+    best = values.max() if op == "max" else values.min()
+    tied = [v for v, w in zip(lanes, values) if w == best]
     return getattr(jnp, op)(jnp.stack(tied))
 
 
 class LaneEvaluator:
     """Evaluates lanes on demand (memoised), so only taken branches run."""
 
-    def __init__(self, env: dict[str, Sequence], dtype):
+    def __init__(self, env: dict[str, Sequence], dtype, decisions: dict):
         self.env = env
         self.dtype = dtype
+        #: what each selection compared, from the vectorised program's values
+        self.decisions = decisions
         self.memo = {}
         self.keep = []  # nodes keyed by id must stay alive
 
@@ -113,21 +120,23 @@ class LaneEvaluator:
             return UNARY[node.op](lane(node.a, i))
         if isinstance(node, Binary):
             a, b = lane(node.a, i), lane(node.b, i)
-            if node.op == "maximum":
-                return _maximum(a, b)
-            if node.op == "minimum":
-                return _minimum(a, b)
+            if node.op in ("maximum", "minimum"):
+                va, vb = (_lane_of(v, i) for v in self.decisions[id(node)])
+                return _choose(a, b, va, vb, greater=node.op == "maximum")
             return BINARY[node.op](a, b)
         if isinstance(node, Where):
-            if COMPARE[node.cmp](lane(node.left, i), lane(node.right, i)):
+            (pred,) = self.decisions[id(node)]
+            if _lane_of(pred, i):
                 return lane(node.then, i)
             return lane(node.other, i)
         if isinstance(node, Clip):
-            return _minimum(lane(node.hi, i), _maximum(lane(node.lo, i), lane(node.a, i)))
+            va, vlo, vhi, vmax = (_lane_of(v, i) for v in self.decisions[id(node)])
+            low = _choose(lane(node.lo, i), lane(node.a, i), vlo, va, greater=True)
+            return _choose(lane(node.hi, i), low, vhi, vmax, greater=False)
         if isinstance(node, Reduce):
             lanes = [lane(node.a, j) for j in range(node.a.length)]
             if node.op in ("max", "min"):
-                return _reduce_choose(node.op, lanes)
+                return _reduce_choose(node.op, lanes, self.decisions[id(node)][0])
             return getattr(jnp, node.op)(jnp.stack(lanes))
         if isinstance(node, Slice):
             return lane(node.a, node.start + i * node.step)
@@ -143,18 +152,21 @@ class LaneEvaluator:
         raise TypeError(type(node).__name__)
 
 
-def evaluate(root, xs, ys, dtype=jnp.float32) -> list:
-    ev = LaneEvaluator({"x": list(xs), "y": list(ys)}, dtype)
+def evaluate(root, xs, ys, decisions: dict, dtype=jnp.float32) -> list:
+    ev = LaneEvaluator({"x": list(xs), "y": list(ys)}, dtype, decisions)
     return [ev.lane(root, i) for i in range(root.length)]
 
 
-def value_and_grad(root, x: np.ndarray, y: np.ndarray):
+def value_and_grad(root, x: np.ndarray, y: np.ndarray, *, jit: bool = False):
     """Oracle forward lanes and d(sum of lanes)/d(x, y), each lane differentiated
-    only through what the per-lane ``if`` evaluation actually computed."""
+    only through what the per-lane ``if`` evaluation actually computed.  Branch
+    decisions come from the vectorised program's own values (eager, or compiled
+    with ``jit``): oracle and program can then differ only in derivatives."""
     dtype = x.dtype
+    decisions = decisions_of(root, x, y, jit=jit)
 
     def loss(*scalars):
-        outs = evaluate(root, scalars[:N], scalars[N:], dtype)
+        outs = evaluate(root, scalars[:N], scalars[N:], decisions, dtype)
         total = outs[0]
         for o in outs[1:]:
             total = total + o

@@ -7,7 +7,9 @@ drops lanes -- and what ``hlo_guard.guard`` must make safe.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fuzzlib.program import (
     BINARY,
@@ -27,9 +29,20 @@ from fuzzlib.program import (
 )
 
 
-def evaluate(node, env):
-    """``env`` maps ``"x"``/``"y"`` to float vectors of length ``N``."""
-    ev = lambda n: evaluate(n, env)  # noqa: E731
+def evaluate(node, env, decisions=None):
+    """``env`` maps ``"x"``/``"y"`` to float vectors of length ``N``.
+
+    ``decisions``, when given, is filled with the values every selection of the
+    program compared, as JAX computed them (``id(node) -> tuple of arrays``): the oracle takes its branch decisions from these, so that a
+    comparison XLA rounds one way (a constant subtree folded at compile time, a
+    scalar kernel against a vector one) cannot send the oracle down another
+    branch than the program it checks."""
+    ev = lambda n: evaluate(n, env, decisions)  # noqa: E731
+
+    def note(n, *values):
+        if decisions is not None:
+            decisions[id(n)] = values
+
     if isinstance(node, Leaf):
         return env[node.name]
     if isinstance(node, Const):
@@ -39,17 +52,24 @@ def evaluate(node, env):
     if isinstance(node, Binary):
         a, b = ev(node.a), ev(node.b)
         if node.op == "maximum":
+            note(node, a, b)
             return jnp.maximum(a, b)
         if node.op == "minimum":
+            note(node, a, b)
             return jnp.minimum(a, b)
         return BINARY[node.op](a, b)
     if isinstance(node, Where):
         pred = COMPARE[node.cmp](ev(node.left), ev(node.right))
+        note(node, pred)
         return jnp.where(pred, ev(node.then), ev(node.other))
     if isinstance(node, Clip):
-        return jnp.clip(ev(node.a), ev(node.lo), ev(node.hi))
+        a, lo, hi = ev(node.a), ev(node.lo), ev(node.hi)
+        note(node, a, lo, hi, jnp.maximum(lo, a))  # jnp.clip is minimum(hi, maximum(lo, a))
+        return jnp.clip(a, lo, hi)
     if isinstance(node, Reduce):
-        return getattr(jnp, node.op)(ev(node.a), keepdims=True)
+        a = ev(node.a)
+        note(node, a)
+        return getattr(jnp, node.op)(a, keepdims=True)
     if isinstance(node, Slice):
         return ev(node.a)[node.start : node.stop : node.step]
     if isinstance(node, Gather):
@@ -59,6 +79,26 @@ def evaluate(node, env):
     if isinstance(node, SetAt):
         return ev(node.a).at[jnp.array(node.idx)].set(ev(node.b))
     raise TypeError(type(node).__name__)
+
+
+def decisions_of(root, x, y, *, jit: bool = False) -> dict:
+    """What every selection of ``root`` compared, as JAX computes it: eagerly,
+    or (``jit``) in one compiled program, where XLA may fold constant subtrees
+    and round them differently from the eager kernels."""
+    if not jit:
+        decisions: dict = {}
+        evaluate(root, {"x": jnp.asarray(x), "y": jnp.asarray(y)}, decisions)
+        return {k: tuple(np.asarray(v) for v in vs) for k, vs in decisions.items()}
+    keys: list = []
+
+    def compared(xv, yv):
+        found: dict = {}
+        evaluate(root, {"x": xv, "y": yv}, found)
+        keys[:] = list(found)
+        return [found[k] for k in keys]
+
+    values = jax.jit(compared)(jnp.asarray(x), jnp.asarray(y))
+    return {k: tuple(np.asarray(v) for v in vs) for k, vs in zip(keys, values)}
 
 
 def as_function(root):
