@@ -96,7 +96,7 @@ class GuardedFunction:
 
     def traced(self, *args, **kwargs):
         """(program, flat dynamic leaves) for these arguments, tracing on a cache miss."""
-        key, leaves, avals, treedef, static = signature_of(
+        key, leaves, avals, layout, static = signature_of(
             self.fn, args, kwargs, self.static_argnums, self.static_argnames
         )
         program = self._cache.get(key)
@@ -104,7 +104,7 @@ class GuardedFunction:
             program = trace(
                 self.fn,
                 avals,
-                treedef,
+                layout,
                 static,
                 len(args),
                 self.static_argnums,

@@ -183,10 +183,16 @@ def test_unhashable_static_argument_is_a_clear_error():
         g(1.0, [1, 2])
 
 
-def test_non_array_argument_is_a_clear_error():
-    g = guard(lambda x, name: x)
-    with pytest.raises(TypeError, match="static"):
-        g(1.0, "hello")
+def test_object_holding_arrays_is_a_clear_error():
+    """A non-pytree object with arrays inside: its arrays would get no derivative."""
+
+    class Params:
+        def __init__(self):
+            self.w = jnp.ones(2)
+
+    g = guard(lambda x, p: x * p.w)
+    with pytest.raises(TypeError, match="is a Params.*register its class as a pytree"):
+        g(1.0, Params())
 
 
 def test_eager_calls_do_not_retrace():

@@ -145,11 +145,15 @@ def test_bad_argument_errors_use_parameter_names():
     def f(x, opts):
         return x
 
-    with pytest.raises(hlo_guard.GuardUsageError, match=r"argument 'opts' of .*f is a str"):
-        guard(f)(X, "fast")
+    class Opts:
+        def __init__(self):
+            self.fast = True
+
+    with pytest.raises(hlo_guard.GuardUsageError, match=r"argument 'opts' of .*f is a Opts"):
+        guard(f)(X, Opts())
     with pytest.raises(
-        hlo_guard.GuardUsageError, match=r"argument 'opts' of .*f at \['k'\] is a object"
+        hlo_guard.GuardUsageError, match=r"argument 'opts' of .*f at \['k'\] is a Opts"
     ):
-        guard(f)(X, {"k": object()})
+        guard(f)(X, {"k": Opts()})
     with pytest.raises(hlo_guard.GuardUsageError, match=r"keyword argument 'opts' of .*f"):
-        guard(f)(X, opts="fast")
+        guard(f)(X, opts=Opts())

@@ -339,19 +339,73 @@ def test_closing_over_an_outer_tracer():
 @pytest.mark.parametrize(
     "bad, words",
     [
-        ("a string", ["str", "static"]),
-        (object(), ["object", "static"]),
-        ([1.0, "x"], ["str"]),
+        (np.array(["a", "b"]), ["<U1", "cannot trace"]),
+        (np.array([1.0, None], dtype=object), ["object", "cannot trace"]),
+        ([1.0, np.array(["x"])], ["<U1"]),
     ],
-    ids=["str", "object", "list-with-str"],
+    ids=["str-array", "object-array", "list-with-str-array"],
 )
-def test_non_jax_argument_is_a_clear_type_error(bad, words):
+def test_untraceable_array_argument_is_a_clear_type_error(bad, words):
+    """An array JAX cannot trace was meant as an array: an error naming it,
+    never a silently static leaf."""
     with pytest.raises(TypeError) as info:
         guard(moded)(X, bad)
     message = str(info.value)
     for w in words:
         assert w in message, message
     assert "argument" in message
+
+
+@pytest.mark.parametrize("static_leaf", ["sqrt", ("sqrt",), {"how": "sqrt"}])
+def test_non_array_leaves_are_static(static_leaf):
+    """Strings, callables and other non-array leaves are static (as
+    ``eqx.filter_jit`` treats them): traced once per value, arrays beside them
+    traced and differentiated; same as the unguarded function with the
+    double where as oracle."""
+    calls = []
+
+    def f(x, how):
+        calls.append(1)
+        how = jax.tree_util.tree_leaves(how)[0]
+        assert how == "sqrt"
+        return jnp.where(x > 0, jnp.sqrt(x), 0.0)
+
+    g = guard(f)
+    x = jnp.asarray(X)
+    np.testing.assert_array_equal(g(x, static_leaf), f(x, static_leaf))
+    g(x, static_leaf)
+    assert len(calls) == 2  # one plain call, one trace: the second guarded call hit the cache
+    oracle = jax.grad(lambda v: jnp.sum(jnp.where(v > 0, jnp.sqrt(jnp.where(v > 0, v, 1.0)), 0.0)))
+    np.testing.assert_array_equal(jax.grad(lambda v: jnp.sum(g(v, static_leaf)))(x), oracle(x))
+
+
+def test_stateful_object_leaf_is_refused_value_leaf_is_static():
+    """An object with attributes and identity semantics would be baked into the
+    trace and a later change to it unseen by the cached trace: refused.  A
+    value (a frozen dataclass) keys the cache by value: same value, same trace;
+    another value, another trace, each right."""
+
+    class Settings:
+        def __init__(self, power):
+            self.power = power
+
+    @dataclasses.dataclass(frozen=True)
+    class Power:
+        power: float
+
+    calls = []
+
+    def f(x, how):
+        calls.append(1)
+        return jnp.where(x > 0, x**how.power, 0.0)
+
+    g = guard(f)
+    x = jnp.asarray(X)
+    with pytest.raises(TypeError, match="is a Settings.*static_argnums"):
+        g(x, Settings(2.0))
+    for power in (2.0, 3.0, 2.0):
+        np.testing.assert_array_equal(g(x, Power(power)), f(x, Power(power)))
+    assert len(calls) == 3 + 2  # three plain calls, two traces (2.0 hit the cache)
 
 
 def test_non_jax_argument_to_guarded_jit_is_a_type_error():
@@ -422,11 +476,54 @@ def test_method_decoration():
     )
 
 
-def test_method_with_non_pytree_self_names_the_problem():
+def test_method_with_non_pytree_self_holding_arrays_names_the_problem():
+    """Its arrays would become constants of the trace (no derivative): refused."""
+
+    class Plain:
+        def __init__(self):
+            self.scale = jnp.float32(2.0)
+
+        @guard
+        def __call__(self, x):
+            return leaky(x) * self.scale
+
+    with pytest.raises(TypeError, match="is a Plain.*register its class"):
+        Plain()(X)
+
+
+def test_method_with_non_pytree_self_without_arrays_is_static():
+    """A ``self`` with no arrays is a static leaf (as ``eqx.filter_jit`` treats
+    it): same values and gradient as the unguarded method's double where."""
+
     class Plain:
         @guard
         def __call__(self, x):
             return leaky(x)
 
-    with pytest.raises(TypeError, match="Plain"):
-        Plain()(X)
+    x = jnp.asarray(X)
+    np.testing.assert_array_equal(Plain()(x), leaky(x))
+    np.testing.assert_allclose(
+        jax.grad(lambda v: jnp.sum(Plain()(v)))(x), jax.grad(total(safe))(x), rtol=1e-6
+    )
+
+
+def test_python_bool_argument_is_a_static_flag():
+    """A Python bool is a flag the function branches on in Python: static, so
+    ``if flag`` works (traced, it raised TracerBoolConversionError); each value
+    gets its own trace.  Oracle: the plain function with the double where."""
+
+    def f(x, use_sqrt):
+        if use_sqrt:
+            return jnp.where(x > 0, jnp.sqrt(x), 0.0)
+        return jnp.where(x > 0, jnp.log(x), 0.0)
+
+    def oracle(x, use_sqrt):
+        safe = jnp.where(x > 0, x, 1.0)
+        return jnp.where(x > 0, jnp.sqrt(safe) if use_sqrt else jnp.log(safe), 0.0)
+
+    x = jnp.asarray(X)
+    for flag in (True, False):
+        np.testing.assert_array_equal(guard(f)(x, flag), f(x, flag))
+        got = jax.grad(lambda v, flag=flag: jnp.sum(guard(f)(v, flag)))(x)
+        want = jax.grad(lambda v, flag=flag: jnp.sum(oracle(v, flag)))(x)
+        np.testing.assert_array_equal(got, want)

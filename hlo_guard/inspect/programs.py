@@ -117,11 +117,10 @@ class Programs:
         if which not in ("original", "guarded"):
             raise ValueError(f"which must be 'original' or 'guarded', got {which!r}")
         target = self.guarded if which == "guarded" else self.guarded.fn
-        in_tree, static, n_args = self.program.in_tree, self.static, self.n_args
+        layout, static, n_args = self.program.layout, self.static, self.n_args
 
         def flat_fn(*leaves):
-            dyn = jax.tree_util.tree_unflatten(in_tree, leaves)
-            args, kwargs = merge_arguments(dyn, static, n_args)
+            args, kwargs = merge_arguments(layout.unflatten(leaves), static, n_args)
             return jax.tree_util.tree_leaves(target(*args, **kwargs))
 
         flat_fn.__name__ = flat_fn.__qualname__ = self.name

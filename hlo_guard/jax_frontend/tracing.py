@@ -20,6 +20,7 @@ import numpy as np
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.compat import attach_debug_info, keep_inline_jits_of_current_trace
 from hlo_guard.jax_frontend.graph import JaxprGraph
+from hlo_guard.jax_frontend.leaf_layout import LeafLayout, split_leaves
 from hlo_guard.jax_frontend.rules import RULES
 from passes.analysis import Analysis, analyze
 
@@ -28,8 +29,14 @@ from passes.analysis import Analysis, analyze
 class TracedProgram:
     closed_jaxpr: Any
     analysis: Analysis
-    in_tree: Any
+    #: the dynamic arguments' leaves: all of them, the static ones put back by
+    #: ``layout.unflatten``; ``in_tree`` is the structure of the traced ones
+    layout: LeafLayout
     out_tree: Any
+
+    @property
+    def in_tree(self) -> Any:
+        return self.layout.traced_tree
 
 
 def normalize_static(
@@ -122,23 +129,15 @@ def merge_arguments(dyn, static, n_args):
 
 
 def leaf_aval(x, path: str):
-    if isinstance(x, (jax.Array, jax.core.Tracer)):
-        return jax.typeof(x)
-    if isinstance(x, (np.ndarray, np.generic)):
-        if x.dtype.kind not in "biufcV" or x.dtype == object:
-            raise GuardUsageError(
-                f"{path} has dtype {x.dtype}, which JAX cannot trace; "
-                "pass numeric arrays (or mark the argument static)"
-            )
-        return jax.typeof(x)
-    if isinstance(x, (bool, int, float, complex)):
-        return jax.typeof(x)
-    raise GuardUsageError(
-        f"{path} is a {type(x).__name__}, not an array, a number or a pytree of them; "
-        "pass arrays, register its class as a pytree (jax.tree_util.register_dataclass) "
-        "so that its arrays are traced, or mark it static with static_argnums/"
-        "static_argnames (hashable; its contents are then baked into the trace)"
-    )
+    """The abstract value of a traced leaf (see ``leaf_layout.is_traced_leaf``)."""
+    if isinstance(x, (np.ndarray, np.generic)) and (
+        x.dtype.kind not in "biufcV" or x.dtype == object
+    ):
+        raise GuardUsageError(
+            f"{path} has dtype {x.dtype}, which JAX cannot trace; "
+            "pass numeric arrays (or mark the argument static)"
+        )
+    return jax.typeof(x)
 
 
 def function_label(fn) -> str:
@@ -177,14 +176,17 @@ def describe_path(path, fn=None, dyn_positions: Sequence[int] = ()) -> str:
 
 def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     dyn, static = split_arguments(args, kwargs, static_argnums, static_argnames)
-    leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(dyn)
-    leaves = [leaf for _, leaf in leaves_with_paths]
     dyn_positions = [i for i in range(len(args)) if i not in static_argnums]
+    leaves_with_paths, layout = split_leaves(
+        *jax.tree_util.tree_flatten_with_path(dyn),
+        describe=lambda path: describe_path(path, fn, dyn_positions),
+    )
+    leaves = [leaf for _, leaf in leaves_with_paths]
     avals = tuple(
         leaf_aval(leaf, describe_path(path, fn, dyn_positions)) for path, leaf in leaves_with_paths
     )
     key = (
-        treedef,
+        layout,
         tuple(
             (
                 a.shape,
@@ -198,7 +200,7 @@ def signature_of(fn, args, kwargs, static_argnums, static_argnames):
         static,
         bool(jax.config.jax_enable_x64),
     )
-    return key, leaves, avals, treedef, static
+    return key, leaves, avals, layout, static
 
 
 def spec_of(aval):
@@ -230,7 +232,7 @@ def spec_of(aval):
 
 
 def trace(
-    fn, avals, treedef, static, n_args, static_argnums=(), static_argnames=()
+    fn, avals, layout: LeafLayout, static, n_args, static_argnums=(), static_argnames=()
 ) -> TracedProgram:
     """``fn``'s jaxpr at these argument types, and its analysis.
 
@@ -241,8 +243,7 @@ def trace(
     out_tree_box = []
 
     def flat_fn(*leaves):
-        dyn = jax.tree_util.tree_unflatten(treedef, leaves)
-        args, kwargs = merge_arguments(dyn, static, n_args)
+        args, kwargs = merge_arguments(layout.unflatten(leaves), static, n_args)
         with keep_inline_jits_of_current_trace():
             out = fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
@@ -250,8 +251,10 @@ def trace(
         return out_leaves
 
     specs = [spec_of(a) for a in avals]
+    # JAX names the flat function's arguments from these: the traced leaves
+    # only (static leaves stand as None, which is no leaf)
     example_args, example_kwargs = merge_arguments(
-        jax.tree_util.tree_unflatten(treedef, specs), static, n_args
+        jax.tree_util.tree_unflatten(layout.traced_tree, specs), static, n_args
     )
     attach_debug_info(
         flat_fn, fn, example_args, example_kwargs, tuple(static_argnums), tuple(static_argnames)
@@ -265,4 +268,4 @@ def trace(
         if not isinstance(c, jax.core.Tracer)
     ]
     analysis = analyze(JaxprGraph(closed.jaxpr, constant_inputs=constant), RULES)
-    return TracedProgram(closed, analysis, treedef, out_tree_box[-1])
+    return TracedProgram(closed, analysis, layout, out_tree_box[-1])

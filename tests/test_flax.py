@@ -1,0 +1,95 @@
+"""Flax models through the guard: NNX (``nnx.grad``/``nnx.jit`` of a guarded
+loss, a train step with ``nnx.Optimizer``) and Linen (``model.apply`` inside
+a guarded loss).  Oracle: the same loss with the hand double-where; plain JAX
+must give NaN for the case to count."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hlo_guard as hg
+
+flax = pytest.importorskip("flax", reason="flax comes with the dev extras (jax-md needs it)")
+from flax import linen, nnx  # noqa: E402
+
+optax = pytest.importorskip("optax", reason="optax is a dev extra")
+
+X = jnp.array([[1.0, 0.5, -0.3], [0.0, 0.0, 0.0], [-1.0, 2.0, 0.1]], jnp.float32)
+Y = jnp.array([[0.5, 1.0], [0.0, 0.0], [1.0, -1.0]], jnp.float32)
+
+
+def _radial(pred, double_where):
+    """sqrt of a squared error that is exactly 0 on the zero row (masked)."""
+    pred = pred * (jnp.sum(X * X, axis=1, keepdims=True) > 0)
+    d2 = jnp.sum((pred - Y) ** 2, axis=1)
+    inner = jnp.where(d2 > 0, d2, 1.0) if double_where else d2
+    return jnp.mean(jnp.where(d2 > 0, jnp.sqrt(inner), 0.0))
+
+
+def _nnx_model():
+    return nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+
+
+def nnx_loss(model, double_where=False):
+    """The flag has a default on purpose: ``nnx.grad`` passes it explicitly,
+    and as a Python bool it must reach the function static (a traced bool
+    raised TracerBoolConversionError on ``if double_where``)."""
+    return _radial(model(X), double_where)
+
+
+def nnx_loss_double_where(model):
+    return _radial(model(X), double_where=True)
+
+
+def _state_leaves(grads):
+    return [np.asarray(g) for g in jax.tree_util.tree_leaves(nnx.state(grads))]
+
+
+def test_nnx_grad_of_guarded_loss_matches_double_where():
+    model = _nnx_model()
+    leak = _state_leaves(nnx.grad(nnx_loss)(model))
+    assert any(not np.isfinite(g).all() for g in leak)
+    got = _state_leaves(nnx.grad(hg.guard(nnx_loss))(model))
+    want = _state_leaves(nnx.grad(nnx_loss_double_where)(model))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-7)
+
+
+def test_nnx_jit_train_step_with_optimizer_matches_double_where():
+    def run(loss_fn):
+        model = _nnx_model()
+        opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+        @nnx.jit
+        def step(model, opt):
+            value, grads = nnx.value_and_grad(loss_fn)(model)
+            opt.update(model, grads)
+            return value
+
+        values = [float(step(model, opt)) for _ in range(10)]
+        return values, [np.asarray(p) for p in jax.tree_util.tree_leaves(nnx.state(model))]
+
+    got_v, got_p = run(hg.guard(nnx_loss))
+    want_v, want_p = run(nnx_loss_double_where)
+    assert all(np.isfinite(got_v))
+    np.testing.assert_allclose(got_v, want_v, rtol=1e-5)
+    for g, w in zip(got_p, want_p, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_linen_apply_inside_a_guarded_loss_matches_double_where():
+    dense = linen.Dense(2)
+    params = dense.init(jax.random.PRNGKey(0), X)
+
+    def loss(params, double_where=False):
+        return _radial(dense.apply(params, X), double_where)
+
+    leak = jax.tree_util.tree_leaves(jax.grad(loss)(params))
+    assert any(not np.isfinite(np.asarray(g)).all() for g in leak)
+    got = jax.tree_util.tree_leaves(jax.jit(jax.grad(hg.guard(loss)))(params))
+    want = jax.tree_util.tree_leaves(jax.grad(lambda p: loss(p, True))(params))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-6, atol=1e-7)
