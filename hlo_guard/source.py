@@ -58,3 +58,14 @@ def eqn_location(eqn) -> str:
     if not summary or summary == "unknown":
         return ""
     return short_location(summary)
+
+
+def in_installed_package(eqn) -> bool:
+    """Whether ``eqn``'s location is inside an installed package (a library's
+    internals, not the user's own code)."""
+    info = getattr(eqn, "source_info", None)
+    try:
+        summary = source_info_util.summarize(info) if info is not None else ""
+    except Exception:  # a foreign source_info object
+        return False
+    return any(m + os.sep in summary for m in ("site-packages", "dist-packages"))

@@ -468,3 +468,40 @@ def test_dead_lane_text_has_no_jaxpr_names_and_no_double_negatives():
     (s,) = reverse(explain(f_scan_body, X))
     assert s.mask == "lanes where `x[i] > carry 0` is false"
     assert s.operand_expr == "x[i] - carry 0"
+
+
+# -- dead lanes inside a custom_vjp body: reported, never silent ------------------------
+
+
+@jax.custom_vjp
+def _recomputing_sqrt(x):
+    return jnp.where(x > 0, jnp.sqrt(x), 0.0)
+
+
+def _recomputing_fwd(x):
+    return _recomputing_sqrt(x), x
+
+
+def _recomputing_bwd(x, g):
+    # what a checkpointed loop does: differentiate the original body again
+    return jax.vjp(lambda v: jnp.where(v > 0, jnp.sqrt(v), 0.0), x)[1](g)
+
+
+_recomputing_sqrt.defvjp(_recomputing_fwd, _recomputing_bwd)
+
+
+def test_dead_branch_inside_a_recomputing_custom_vjp_is_reported():
+    """The guard cannot reach a custom_vjp's backward pass; when that pass
+    re-differentiates the body, the body's dead ``sqrt`` leaks NaN even through
+    the guard.  ``explain`` must say so, naming the ``sqrt``; a ``custom_jvp``
+    with a formula rule that selects inside (``relu``) is not reported."""
+    x = jnp.array([-1.0, 4.0])
+
+    def f(v):
+        return jnp.sum(_recomputing_sqrt(v)) + jnp.sum(jax.nn.relu(v))
+
+    assert not np.isfinite(np.asarray(jax.grad(hlo_guard.guard(f))(x))).all()
+    report = explain(f, x)
+    hits = [s for s in report.unguarded if s.primitive == "custom_vjp_call"]
+    assert len(hits) == 1 and "sqrt at" in hits[0].reason and "test_explain.py" in hits[0].reason
+    assert not [s for s in report.unguarded if s.primitive == "custom_jvp_call"]

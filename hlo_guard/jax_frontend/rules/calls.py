@@ -213,6 +213,8 @@ class CustomCall(JaxRule):
         out = joined(outs)
         if not out.reaches_output:
             return [NO_DERIVATIVE] * len(eqn.invars)
+        if eqn.primitive.name == "custom_vjp_call":
+            note_dead_hazards_in_body(analysis, node, eqn, out)
         if out.is_live:
             return [LIVE] * len(eqn.invars)
         if is_lanewise_call(eqn):
@@ -277,6 +279,74 @@ class CustomCall(JaxRule):
         if m is NONE or not _rule_may_zero_lanes(eqn):
             return [m] * len(eqn.outvars)
         return probe_rule_tangents(mctx, eqn, in_masks)
+
+
+#: body jaxpr -> the hazards its own selections leave dead lanes at, as
+#: "prim at file:line" (weakly keyed, like the other per-jaxpr caches)
+_BODY_HAZARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note_dead_hazards_in_body(analysis, node, eqn, out) -> None:
+    """Report the dead lanes *inside* a custom call's primal body that reach
+    an operation with a possibly non-finite derivative.
+
+    The body is never rewritten: the call's derivative is its own rule.  When
+    that rule differentiates the body again -- Equinox's checkpointed
+    ``while_loop`` (every diffrax solve) recomputes the VJP of the original
+    step function in its backward pass -- a dead branch inside it leaks NaN and
+    no guard of the primal program can reach it.  When the rule is an
+    analytic formula, nothing leaks.  hlo_guard cannot tell which, so it says
+    so instead of staying silent -- for ``custom_vjp`` calls, whose backward
+    pass is Python code that may re-differentiate the body (the checkpointed
+    loop above).  ``custom_jvp`` rules are formulas in practice (``relu``,
+    ``logaddexp``, ``xlogy`` all select inside): reporting each would bury the
+    report in false alarms."""
+    body, _ = body_of(eqn)
+    found = _BODY_HAZARDS.get(body)
+    if found is None:
+        found = _BODY_HAZARDS[body] = tuple(_dead_hazards(body, scope_name("", eqn)))
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        analysis.note_unreached(
+            node,
+            f"{eqn.primitive.name} body: dead lanes of a selection inside it reach {shown}; "
+            "the call's own derivative rule is used and no guard reaches its backward "
+            "pass (a rule that re-differentiates the body, such as a checkpointed loop, "
+            "can give NaN there; guard the function it calls, e.g. "
+            "diffrax.ODETerm(hlo_guard.guard(field)), or write the double where there)",
+            out.with_origin(analysis.graph.origin(node)) if not out.is_live else out,
+        )
+
+
+def _dead_hazards(body, scope: str) -> list[str]:
+    """``prim at file:line`` for every guard the body would get if it were
+    rewritten, nested bodies included (analysed with every output live); the
+    user's own lines first, library internals (the usual noise) after."""
+    from hlo_guard.source import eqn_location, in_installed_package
+    from passes.planning import plan_guards
+
+    own: list[str] = []
+    library: list[str] = []
+    stack = [analysis_of_body(body, scope)]
+    while stack:
+        sub = stack.pop()
+        for site in plan_guards(sub)[0]:
+            e = sub.graph.eqns[site.node]
+            loc = eqn_location(e)
+            text = f"{e.primitive.name} at {loc}" if loc else e.primitive.name
+            (library if in_installed_package(e) else own).append(text)
+        for u in sub.unreached:  # custom calls nested in this body: what they found
+            e = sub.graph.eqns[u.node]
+            if e.primitive.name == "custom_vjp_call":
+                own.extend(_BODY_HAZARDS.get(body_of(e)[0], ()))
+        stack.extend(sub.subs.values())
+    return list(dict.fromkeys(own + library))
+
+
+def analysis_of_body(body, scope: str):
+    from passes.analysis import analyze
+
+    return analyze(JaxprGraph(body, scope), RULES, [LIVE] * len(body.outvars))
 
 
 def _rule_may_zero_lanes(eqn) -> bool:
