@@ -59,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-tf", action="store_true")
     p.add_argument(
+        "--skip-libraries", action="store_true", help="skip the library trace-cost ratios"
+    )
+    p.add_argument(
         "--write-results",
         action="store_true",
         help="update benchmarks/RESULTS.md even on a --quick run",
@@ -160,6 +163,14 @@ def main(argv=None) -> int:
             scaling["profile_eqns"] = n
         results["trace_scaling"] = scaling
 
+    library_table = ""
+    if not args.skip_libraries:
+        log("trace cost on real library functions")
+        from benchmarks import trace_cost_libraries
+
+        results["trace_cost_libraries"] = trace_cost_libraries.run(rounds=5)
+        library_table = trace_cost_libraries.render(results["trace_cost_libraries"], 3.0)
+
     if not args.skip_tf:
         log("tensorflow")
         from benchmarks.tf_workloads import run_tf
@@ -170,6 +181,9 @@ def main(argv=None) -> int:
     results["wall_s"] = time.perf_counter() - t_start
     table = render(results)
     print(table)
+    if library_table:
+        print("\nGuarded trace / jax.jit trace on real library functions (limit 3x):")
+        print(library_table)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump(results, fh, indent=1, default=str)
