@@ -29,7 +29,7 @@ def _needs(name):
     except AttributeError:  # lax.polynomial / lax.one_minus_square missing
         present = False
     if not present:
-        pytest.skip(f"jax {jax.__version__} has no '{name}' primitive (new in 0.11)")
+        pytest.skip(f"jax {jax.__version__} has no '{name}' primitive (a newer JAX has)")
 
 
 #: name -> (the singular op, a safe argument for the double where's inner where)

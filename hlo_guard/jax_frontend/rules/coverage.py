@@ -133,6 +133,7 @@ CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
             "buffer_callback",
             "stage",
             "call_hi_primitive",
+            "program_order",  # jax 0.11: a call that fixes the order of its effects
         )
     },
     **{
@@ -204,5 +205,6 @@ ONLY_IN_SOME_VERSIONS: dict[str, str] = {
     "relayout": "jax 0.11+",
     "log2": "jax 0.11+",
     "one_minus_square": "jax 0.11+",
-    "polynomial": "jax 0.11+",
+    "polynomial": "jax 0.12+",
+    "program_order": "jax 0.11 only",
 }

@@ -111,7 +111,7 @@ NONLINEAR_ELEMENTWISE = [
     "log1p",
     "log2",  # jax 0.11+
     "one_minus_square",  # jax 0.11+: 1 - x**2 with its own JVP -2x
-    "polynomial",  # jax 0.11+: Horner's rule, coefficients broadcast like a binary op
+    "polynomial",  # jax 0.12+: Horner's rule, coefficients broadcast like a binary op
     "logistic",
     "tanh",
     "tan",
