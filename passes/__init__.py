@@ -21,7 +21,9 @@ from passes.planning import (
     GuardSite,
     OutputGuardSite,
     UnguardedSite,
+    plan_boundary_guards,
     plan_guards,
+    plan_hazard_guards,
     plan_output_guards,
 )
 from passes.report import OriginRecord, Report, SiteRecord
@@ -45,7 +47,9 @@ __all__ = [
     "GuardSite",
     "OutputGuardSite",
     "UnguardedSite",
+    "plan_boundary_guards",
     "plan_guards",
+    "plan_hazard_guards",
     "plan_output_guards",
     "ALL",
     "NONE",

@@ -64,6 +64,15 @@ class Rule:
     def guards_input(self, ctx, node: int, index: int) -> bool:
         return False
 
+    def keeps_lanes_apart(self, ctx, node: int) -> bool:
+        """True when no output lane's cotangent reaches an input lane other
+        than "its own" (elementwise ops of one shape, reductions, layout ops):
+        NaN formed in dead lanes behind such an op stays in dead lanes, so the
+        op can sit *inside* a dead region without a guard on its output
+        (:func:`passes.planning.plan_guards`).  False (lane-mixing) unless a
+        rule proves otherwise: broadcasts, gathers, contractions, calls."""
+        return False
+
     # the front end's view of one node (a jaxpr equation, a ``tf.Operation``),
     # for the shared rules' mask halves below
     def item_inputs(self, item) -> Sequence[Any]:

@@ -32,6 +32,24 @@ class JaxRule(Rule):
     def input_masks(self, mctx, node: int, eqn, out_masks: list[Any]) -> list[Any]:
         raise NotImplementedError(type(self).__name__)
 
+    def keeps_lanes_apart(self, analysis, node) -> bool:
+        """Lane-local when the rule class says so (``lane_local``) and, for
+        ops that could broadcast an operand implicitly, every differentiable
+        operand has the output's shape (a scalar ``w`` in ``w * x`` gathers
+        every output lane's cotangent: that is lane mixing)."""
+        if not self.lane_local:
+            return False
+        eqn = analysis.graph.eqns[node]
+        if self.lane_local == "same-shape":
+            shapes = {aval_shape(v) for v in eqn.outvars}
+            shapes.update(aval_shape(eqn.invars[i]) for i in diff_indices(eqn))
+            return len(shapes) == 1
+        return True
+
+    #: False: lane-mixing (default); True: never mixes; "same-shape": lane-local
+    #: when every differentiable operand has the output's shape
+    lane_local: bool | str = False
+
     def item_inputs(self, eqn):
         return eqn.invars
 

@@ -30,6 +30,7 @@ from hlo_guard.jax_frontend.rules.base import (
 
 
 class Elementwise(JaxRule):
+    lane_local = "same-shape"
     kind = "elementwise"
 
     def __init__(self, guards: bool):
@@ -75,6 +76,7 @@ class Elementwise(JaxRule):
 
 
 class ZeroDerivative(passes_rules.ZeroDerivative, JaxRule):
+    lane_local = True
     """Comparisons, rounding, sign, ``stop_gradient``, argmax ...: JAX gives
     these a zero (or no) derivative, so nothing flows back through them."""
 

@@ -17,6 +17,7 @@ from hlo_guard.jax_frontend.rules.base import JaxRule
 
 
 class PassThrough(JaxRule):
+    lane_local = True
     kind = "pass-through"
     guards = False
 

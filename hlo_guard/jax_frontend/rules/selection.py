@@ -89,6 +89,7 @@ def predicate_value(mctx, var):
 
 
 class SelectN(JaxRule):
+    lane_local = "same-shape"
     kind = "selection"
 
     def transfer(self, analysis, node, outs):
@@ -146,6 +147,7 @@ class SelectN(JaxRule):
 
 
 class MaxMin(JaxRule):
+    lane_local = "same-shape"
     """``max``/``min``: live where the operand equals the result (ties: both)."""
 
     kind = "selection"
@@ -203,6 +205,7 @@ def _clamp_chosen(mctx, eqn):
 
 
 class Clamp(JaxRule):
+    lane_local = "same-shape"
     kind = "selection"
 
     def transfer(self, analysis, node, outs):

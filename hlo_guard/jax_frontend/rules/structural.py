@@ -363,6 +363,7 @@ class _BoolLayout(Structural):
 
 
 class _Squeeze(_BoolLayout):
+    lane_local = True
     """``squeeze`` (and ``reshape`` without a transposition) keep the lanes
     in row-major order: the mask is reshaped."""
 
@@ -379,6 +380,8 @@ class _Reshape(_Squeeze):
 
 
 class _Transpose(_BoolLayout):
+    lane_local = True
+
     def pull(self, eqn, m, out):
         return _transpose(m, out, tuple(int(k) for k in np.argsort(eqn.params["permutation"])))
 
@@ -414,6 +417,8 @@ class _BroadcastInDim(_BoolLayout):
 
 
 class _ReduceSum(_BoolLayout):
+    lane_local = True
+
     def pull(self, eqn, m, out):
         axes = set(eqn.params["axes"])
         in_shape = aval_shape(eqn.invars[0])
