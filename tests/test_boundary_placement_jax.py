@@ -1,9 +1,8 @@
 """The boundary placement through the JAX front end, against the hand-written
 double where (DESIGN.md step 3's hand-checked cases), in every AD mode.
 
-The front end still plans with :func:`passes.planning.plan_guards`; these
-tests route it through :func:`passes.planning.plan_boundary_guards` so the
-engine's placement is checked end to end before it is switched on.
+The front end plans with :func:`passes.planning.plan_boundary_guards`; these
+tests check that placement end to end on the cases it was argued on.
 """
 
 from __future__ import annotations
@@ -13,16 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import hlo_guard.jax_frontend.plan as plan_module
 from hlo_guard import guard
 from passes.planning import plan_boundary_guards
 
 X = jnp.array([-1.0, 0.0, 0.5, 2.0])
-
-
-@pytest.fixture(autouse=True)
-def boundary_placement(monkeypatch):
-    monkeypatch.setattr(plan_module, "plan_guards", plan_boundary_guards)
 
 
 def chain(x):

@@ -288,7 +288,7 @@ class Scope:
         return found
 
     def run(self) -> list[Any]:
-        sites = self.plan.sites_by_node
+        sites = self.plan.sites_for(self.mode)
         out_sites = self.plan.output_sites_by_node
         env = self.values.env
         # gradient mode: side values keep their derivatives so that the
@@ -310,7 +310,7 @@ class Scope:
                         if wide
                         else self._bind(node, eqn, invals)
                     )
-                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies:
+                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(self.mode):
                     fn, passed = _guarded_call(self, node, eqn, len(invals))
                     outs = share_side_primal(side, partial(call_with, fn), invals, passed)
                 else:
@@ -346,7 +346,7 @@ class Scope:
 
     def _bind(self, node, eqn, invals):
         binder = BINDERS.get(eqn.primitive.name)
-        if binder is not None and node in self.plan.rewritten_bodies:
+        if binder is not None and node in self.plan.rewritten_bodies(self.mode):
             return binder(self, node, eqn, invals)
         return bind_eqn(eqn, invals)
 
