@@ -9,7 +9,7 @@ them are never differentiated and need nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from passes.analysis import Analysis
 from passes.lattice import Level, Liveness
@@ -77,6 +77,12 @@ def plan_boundary_guards(analysis: Analysis) -> tuple[list[GuardSite], list[Ungu
     return sites, unguarded
 
 
+def guard_sharing_key(analysis: Analysis, node: int, index: int):
+    """Guards on two uses of one value with equal keys have equal masks: the
+    front end may apply one select for both (``d * d``)."""
+    return placement_of(analysis).mask_keys.get((node, index), ("use", node, index))
+
+
 def hazard_behind(analysis: Analysis) -> dict[tuple[int, int], bool]:
     """For every use ``(n, i)``: may a zero cotangent arriving there be turned
     non-finite in the dead region behind it (forward from ``n`` through
@@ -95,6 +101,9 @@ class Placement:
     #: per graph input: an unguarded hazard lies behind it -- what a caller
     #: that sees through this body reads as its call's hazard at that input
     input_hazards: list[bool]
+    #: per use: the symbolic name of its mask; guards on uses of one value
+    #: with one key may share one select (:func:`_mask_keys`)
+    mask_keys: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,10 +114,13 @@ class _Context:
     through it, :meth:`Rule.transparent_body`) leaves those to the caller."""
 
     transparent: bool = False
-    #: the caller holds an unguarded hazard beyond this body's outputs
+    #: the caller holds an unguarded hazard beyond this body's outputs (a
+    #: plain call's caller says; control-flow bodies keep the default)
     output_hazard: bool = True
     #: per body input: the caller's tangent there may be non-finite
     input_tangent_hazards: tuple[bool, ...] | None = None
+    #: the mask keys of this body, computed with the caller's (:func:`_mask_keys`)
+    keys: dict | None = None
 
 
 def placement_of(analysis: Analysis) -> Placement:
@@ -129,8 +141,9 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     Forward-mode exits (:meth:`Rule.forward_exit`: ``max``/``min`` multiply
     the unchosen operand's tangent by 0) are guarded where they are, whenever
     the tangent arriving there may be non-finite (:func:`_tangent_hazards`);
-    they are not reverse hazards.  A transparent call's body is placed in the
-    same sweep, with the caller's view of its boundary."""
+    they are not reverse hazards.  A plain call's body is placed in the same
+    sweep, with the caller's view of its boundary (:meth:`Rule.called_body`,
+    :meth:`Rule.transparent_body`)."""
     graph = analysis.graph
     rules = analysis.rules
     input_list = list(graph.graph_inputs())
@@ -141,6 +154,8 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
             output_reads[v] = output_reads.get(v, 0) + 1
     uses = _uses_by_value(analysis)
     tangent_hazard = _tangent_hazards(analysis, input_list, ctx.input_tangent_hazards)
+    nested_keys: dict = {}
+    keys = ctx.keys if ctx.keys is not None else _mask_keys(analysis, None, nested_keys)
     h_use: dict[tuple[int, int], bool] = {}
     guarded: set[tuple[int, int]] = set()
 
@@ -154,18 +169,14 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         leaves_partly_dead = (
             v in output_reads and analysis.value_liveness(v).level is not Level.LIVE
         )
-        reads = output_reads.get(v, 0) + sum(
-            1 for u in uses.get(v, ()) if analysis.use(*u).reaches_output
-        )
-        # a value read twice is a join: a live read's cotangent would be
-        # summed with a dead read's (an output read counts: the caller's
-        # cotangent of an output is live wherever the output is)
-        boundary = mixing or reads > 1
-        if ctx.transparent:
-            behind = leaves_partly_dead and ctx.output_hazard
-        else:
+        # a value read twice is a join where a live read's cotangent would be
+        # summed with a dead read's -- unless every read has the same mask
+        # (``s * s - s``: all reads dead in the same lanes; an output read
+        # counts with the caller's mask)
+        boundary = mixing or len(set(keys["reads"].get(v, ()))) > 1
+        behind = leaves_partly_dead and ctx.output_hazard
+        if not ctx.transparent:
             boundary = boundary or leaves_partly_dead or v in inputs
-            behind = leaves_partly_dead
         for u in uses.get(v, ()):
             if u in guarded or not partly_dead(u) or not h_use.get(u, True):
                 continue
@@ -177,8 +188,9 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
 
     for node in reversed(range(graph.node_count())):
         rule = rules.get(graph.op_name(node))
-        body = rule.transparent_body(analysis, node) if rule is not None else None
-        mixing = rule is None or (body is None and not rule.keeps_lanes_apart(analysis, node))
+        body = rule.called_body(analysis, node) if rule is not None else None
+        transparent = body is not None and rule.transparent_body(analysis, node) is not None
+        mixing = rule is None or (not transparent and not rule.keeps_lanes_apart(analysis, node))
         h_out = rule is None
         for v in graph.node_outputs(node):
             if v is not None and _hashable(v) and decide(v, mixing):
@@ -187,9 +199,10 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         body_hazards: list[bool] = []
         if body is not None:
             sub_ctx = _Context(
-                transparent=True,
+                transparent=transparent,
                 output_hazard=h_out,
                 input_tangent_hazards=tuple(_may_blow_up(tangent_hazard, v) for v in node_inputs),
+                keys=keys["nested"].get(id(body)),
             )
             body.placement = _place(body, sub_ctx)
             body_hazards = body.placement.input_hazards
@@ -197,7 +210,7 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
             exit_ = rule is not None and rule.forward_exit(analysis, node, i)
             if exit_ and partly_dead((node, i)) and _may_blow_up(tangent_hazard, v):
                 guarded.add((node, i))
-            if body is not None:
+            if transparent:
                 h_use[(node, i)] = i >= len(body_hazards) or body_hazards[i]
             else:
                 hazard = rule is None or (rule.guards_input(analysis, node, i) and not exit_)
@@ -206,7 +219,68 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         decide(v, not ctx.transparent) if v is not None and _hashable(v) else False
         for v in input_list
     ]
-    return Placement(h_use, guarded, input_hazards)
+    return Placement(h_use, guarded, input_hazards, keys["uses"])
+
+
+_LIVE_KEY = "live"
+
+
+def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
+    """Symbolic names of the masks, so that equal masks are known equal
+    without building them: a use whose rule passes its output's mask through
+    unchanged (:meth:`Rule.mask_passes_through`: same-shape elementwise ops)
+    has its output's key, a value whose reads all have one key has that key,
+    every other use and value a fresh one.  A transparent call's body is
+    keyed with its caller's keys of the call's outputs, so its inputs' keys
+    are the caller's where the body passes them through.
+
+    Returns ``{"reads": value -> [key of each read], "inputs": [key per graph
+    input], "nested": id(body) -> the body's keys}``."""
+    graph = analysis.graph
+    reads: dict = {}
+    for k, v in enumerate(graph.graph_outputs()):
+        if v is not None and _hashable(v) and graph.carries_derivative(v):
+            key = out_keys[k] if out_keys is not None else ("out", id(analysis), k)
+            reads.setdefault(v, []).append(key)
+
+    def value_key(v):
+        if v is None or not _hashable(v):
+            return ("unknown", id(analysis), id(v))
+        if analysis.value_liveness(v).level is Level.LIVE:
+            return _LIVE_KEY
+        ks = reads.get(v, [])
+        if ks and all(k == ks[0] for k in ks):
+            return ks[0]
+        return ("value", id(analysis), v)
+
+    rules = analysis.rules
+    use_keys: dict = {}
+    for node in reversed(range(graph.node_count())):
+        rule = rules.get(graph.op_name(node))
+        outs = graph.node_outputs(node)
+        node_out_keys = [value_key(v) for v in outs]
+        body = rule.transparent_body(analysis, node) if rule is not None else None
+        body_inputs: list = []
+        if body is not None:
+            body_keys = _mask_keys(body, node_out_keys, nested)
+            nested[id(body)] = body_keys
+            body_inputs = body_keys["inputs"]
+        for i, v in enumerate(graph.node_inputs(node)):
+            lv = analysis.use(node, i)
+            if not lv.reaches_output or v is None or not _hashable(v):
+                continue
+            if lv.level is Level.LIVE:
+                key = _LIVE_KEY
+            elif body is not None and i < len(body_inputs):
+                key = body_inputs[i]
+            elif len(outs) == 1 and rule is not None and rule.mask_passes_through(analysis, node, i):
+                key = node_out_keys[0]
+            else:
+                key = ("use", id(analysis), node, i)
+            reads.setdefault(v, []).append(key)
+            use_keys[(node, i)] = key
+    inputs = [value_key(v) for v in graph.graph_inputs()]
+    return {"reads": reads, "uses": use_keys, "inputs": inputs, "nested": nested}
 
 
 def protected_hazards(analysis: Analysis, node: int, index: int) -> list[tuple[Analysis, int]]:

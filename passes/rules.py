@@ -73,6 +73,21 @@ class Rule:
         rule proves otherwise: broadcasts, gathers, contractions, calls."""
         return False
 
+    def mask_passes_through(self, ctx, node: int, index: int) -> bool:
+        """True when the mask of input ``index`` *is* the mask of the op's
+        single output (same-shape elementwise ops): the placement then knows
+        two reads of a value dead in the same lanes without building masks."""
+        return False
+
+    def called_body(self, ctx, node: int):
+        """The analysis of this node's body when it is a plain call, whose
+        body's outputs go straight back to the caller: the boundary placement
+        then places the body together with its caller and tells it what lies
+        beyond its outputs, instead of assuming a hazard there.  None for
+        everything else (control flow, whose carries feed back; custom
+        derivatives)."""
+        return None
+
     def transparent_body(self, ctx, node: int):
         """The analysis of this call's body when the boundary placement may
         see through the call as one lane-local operation (every op in the

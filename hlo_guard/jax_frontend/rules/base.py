@@ -50,6 +50,17 @@ class JaxRule(Rule):
             return len(shapes) == 1
         return True
 
+    def mask_passes_through(self, analysis, node, index) -> bool:
+        """Elementwise and pass-through rules hand an operand of the output's
+        shape the output's own mask (``reduce_to_shape`` of one mask to its
+        own shape is that mask)."""
+        if self.kind not in ("elementwise", "pass-through"):
+            return False
+        eqn = analysis.graph.eqns[node]
+        return len(eqn.outvars) == 1 and aval_shape(eqn.invars[index]) == aval_shape(
+            eqn.outvars[0]
+        )
+
     def tangent_may_be_nonfinite(self, analysis, node) -> bool:
         """Besides the reverse hazards (the base answer): a call whose body
         holds a risky operation, and control flow and custom-derivative calls,

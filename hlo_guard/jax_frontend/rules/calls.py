@@ -112,12 +112,15 @@ class Call(JaxRule):
         where it meets live computation, as if the calls were inlined.  Not
         for ``remat`` (its body is re-run in the backward pass) nor for a
         custom call's structure analysis (``guards`` set)."""
-        if self.guards or analysis.graph.eqns[node].primitive.name not in _TRANSPARENT_CALLS:
-            return None
-        sub = analysis.subs.get((node, 0))
+        sub = self.called_body(analysis, node)
         if sub is None or not _keeps_lanes_apart_throughout(sub):
             return None
         return sub
+
+    def called_body(self, analysis, node):
+        if self.guards or analysis.graph.eqns[node].primitive.name not in _TRANSPARENT_CALLS:
+            return None
+        return analysis.subs.get((node, 0))
 
     def input_masks(self, mctx, node, eqn, out_masks):
         body, _ = body_of(eqn)
