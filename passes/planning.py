@@ -273,7 +273,9 @@ def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
                 key = _LIVE_KEY
             elif body is not None and i < len(body_inputs):
                 key = body_inputs[i]
-            elif len(outs) == 1 and rule is not None and rule.mask_passes_through(analysis, node, i):
+            elif (
+                len(outs) == 1 and rule is not None and rule.mask_passes_through(analysis, node, i)
+            ):
                 key = node_out_keys[0]
             else:
                 key = ("use", id(analysis), node, i)

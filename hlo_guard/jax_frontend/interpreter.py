@@ -326,7 +326,9 @@ class Scope:
                         if wide
                         else self._bind(node, eqn, invals)
                     )
-                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(self.mode):
+                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(
+                    self.mode
+                ):
                     fn, passed = _guarded_call(self, node, eqn, len(invals))
                     outs = share_side_primal(side, partial(call_with, fn), invals, passed)
                 else:

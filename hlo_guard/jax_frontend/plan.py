@@ -125,8 +125,7 @@ class GuardPlan:
             found = self._rewritten[mode] = frozenset(
                 node
                 for (node, _), sub in self.analysis.subs.items()
-                if eqns[node].primitive.name in _GUARDED_BODIES
-                and plan_of(sub).needs_rewrite(mode)
+                if eqns[node].primitive.name in _GUARDED_BODIES and plan_of(sub).needs_rewrite(mode)
             )
         return found
 

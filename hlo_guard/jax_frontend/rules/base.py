@@ -57,9 +57,7 @@ class JaxRule(Rule):
         if self.kind not in ("elementwise", "pass-through"):
             return False
         eqn = analysis.graph.eqns[node]
-        return len(eqn.outvars) == 1 and aval_shape(eqn.invars[index]) == aval_shape(
-            eqn.outvars[0]
-        )
+        return len(eqn.outvars) == 1 and aval_shape(eqn.invars[index]) == aval_shape(eqn.outvars[0])
 
     def tangent_may_be_nonfinite(self, analysis, node) -> bool:
         """Besides the reverse hazards (the base answer): a call whose body
