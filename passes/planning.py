@@ -189,7 +189,11 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     for node in reversed(range(graph.node_count())):
         rule = rules.get(graph.op_name(node))
         body = rule.called_body(analysis, node) if rule is not None else None
-        transparent = body is not None and rule.transparent_body(analysis, node) is not None
+        transparent = (
+            body is not None
+            and rule is not None
+            and rule.transparent_body(analysis, node) is not None
+        )
         mixing = rule is None or (not transparent and not rule.keeps_lanes_apart(analysis, node))
         h_out = rule is None
         for v in graph.node_outputs(node):

@@ -32,7 +32,7 @@ from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
 from hlo_guard.inspect.scopes import ScopeTree
 from hlo_guard.jax_frontend.compat import jit_inlines
-from hlo_guard.jax_frontend.graph import Literal, OriginToken
+from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken
 from hlo_guard.jax_frontend.plan import plan_of
 from passes.lattice import Level
 from passes.planning import plan_guards, protected_hazards
@@ -232,8 +232,9 @@ class _Explainer:
         ``sqrt at f.py:3``, in program order (docs/PLACEMENT.md)."""
         found = []
         for a, node in protected_hazards(analysis, site.node, site.index):
-            eqn = a.graph.eqns[node]
-            loc, _ = self.tree.location(a.graph, node)
+            graph = cast(JaxprGraph, a.graph)
+            eqn = graph.eqns[node]
+            loc, _ = self.tree.location(graph, node)
             found.append((loc, f"{eqn.primitive.name} at {loc or '?'}"))
         return list(dict.fromkeys(text for _, text in sorted(found)))
 

@@ -189,14 +189,15 @@ def jit_inlines(params: dict) -> bool:
     return getattr(value, "name", None) in ("JAX_EARLY", "JAX_LATE")
 
 
+class _NeverRaised(Exception):
+    """Stands in when JAX no longer has the internal exception."""
+
+
 def _internal_nan_error() -> type[Exception]:
     try:
         from jax._src.api_util import InternalFloatingPointError
     except ImportError:  # gone: then nothing raises it
-
-        class InternalFloatingPointError(Exception):
-            pass
-
+        return _NeverRaised
     return InternalFloatingPointError
 
 
