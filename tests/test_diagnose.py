@@ -150,6 +150,7 @@ def test_forward_mode_leak_through_maximum():
     assert lanes_of(r, "leak") == [0] and r.count("genuine") == 0
     (c,) = causes_of(r, "leak")
     assert c["primitive"] == "log" and c["selections"][0][0] == "maximum"
+    assert c["examples"] == ["log(0.0)"]
 
 
 # -- the seed situations -------------------------------------------------------------------
@@ -176,6 +177,8 @@ def test_arccos_at_plus_minus_one_is_genuine_and_clip_beyond_is_a_leak(edge):
     assert lanes_of(r, "genuine") == [0]
     assert lanes_of(r, "leak") == [2]  # clipped: the lane the clip discards
     assert causes_of(r, "genuine")[0]["examples"] == [f"acos({edge})"]
+    (leak,) = causes_of(r, "leak")  # acos at the clipped value, discarded by the clip
+    assert leak["primitive"] == "acos" and leak["examples"] == [f"acos({edge})"]
 
 
 def test_indexing_leak():

@@ -224,18 +224,24 @@ def _note_reverse_exit(eqn, loc, invals, diff, cts_in, came_bad: Creation, found
         lanes = ~np.isfinite(c) & (np.broadcast_to(x, out.shape) != out)
         if lanes.any():
             made.append(
-                Creation(
-                    kind="leak",
-                    primitive=came_bad.primitive,
-                    location=came_bad.location,
-                    lanes=int(lanes.sum()),
-                    examples=_exit_examples(came_bad, out, lanes),
-                    selections=[(_SELECTIONS[eqn.primitive.name], loc)],
-                    unknown=came_bad.unknown,
-                )
+                _exit_record(eqn, loc, came_bad, lanes, _exit_examples(came_bad, out, lanes))
             )
     found.extend(made)
     return made
+
+
+def _exit_record(eqn, loc, source: Creation, lanes, examples: list[str]) -> Creation:
+    """A leak the selection ``eqn`` turned into NaN by multiplying the
+    non-finite derivative ``source`` made by its zero coefficient."""
+    return Creation(
+        kind="leak",
+        primitive=source.primitive,
+        location=source.location,
+        lanes=int(lanes.sum()),
+        examples=examples,
+        selections=[(_SELECTIONS[eqn.primitive.name], loc)],
+        unknown=source.unknown,
+    )
 
 
 def _exit_examples(source: Creation, out, lanes) -> list[str]:
@@ -386,17 +392,8 @@ def _note_forward_exit(eqn, loc, invals, diff, tin, outs_t, source: Creation, fo
         t = np.broadcast_to(t, out.shape)
         lanes = (x != out) & ~np.isfinite(t) & ~np.isfinite(t_out)
         if lanes.any():
-            made.append(
-                Creation(
-                    kind="leak",
-                    primitive=source.primitive,
-                    location=source.location,
-                    lanes=int(lanes.sum()),
-                    examples=list(source.examples),
-                    selections=[(_SELECTIONS[eqn.primitive.name], loc)],
-                    unknown=source.unknown,
-                )
-            )
+            # the source is upstream here: its own examples are its inputs
+            made.append(_exit_record(eqn, loc, source, lanes, list(source.examples)))
     found.extend(made)
     return made
 
