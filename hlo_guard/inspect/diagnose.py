@@ -82,7 +82,7 @@ class DiagnoseReport:
                 continue
             count = sum(g.lanes for g in groups)
             causes = [c for g in groups for c in g.causes]
-            sep = ":" if kind == "genuine" else ""
+            sep = ":" if kind == "genuine" and causes else ""
             parts.append(
                 f"{count} {kind}{sep}" + (f" {_cause_text(kind, causes)}" if causes else "")
             )
@@ -145,7 +145,7 @@ def _cause_text(kind: str, causes: list[dict]) -> str:
 
 def _cause_lines(kind: str, c: dict) -> list[str]:
     loc = c["location"] or "? (inside a library call)"
-    head = f"{c['primitive']} at {loc}: {c['lanes']} lane(s) created"
+    head = f"{c['primitive']} at {loc}" + (f": {c['lanes']} lane(s) created" if c["lanes"] else "")
     lines = [head]
     if c["examples"]:
         lines.append("  at " + ", ".join(c["examples"]))
@@ -167,13 +167,19 @@ def diagnose(fn, *args, argnums=0, mode: str = "reverse") -> DiagnoseReport:
     allowed); ``mode="reverse"`` differentiates the sum of every output
     (``grad`` for a scalar ``fn``), ``mode="forward"`` pushes a tangent of
     ones on those arguments (``jvp``).  ``fn`` may be jitted.  Returns a
-    :class:`DiagnoseReport` (``str(report)``, ``report.to_json()``).
+    :class:`DiagnoseReport` (``str(report)``, ``report.to_json()``).  With
+    TensorFlow tensors (or a function from ``hlo_guard.tf``) the plain
+    derivative is TF's XLA gradient (:mod:`hlo_guard.inspect.diagnose_tf`).
     """
     if not callable(fn):
         raise GuardUsageError(f"diagnose needs a callable, got {type(fn).__name__}")
     if mode not in MODES:
         raise GuardUsageError(f"mode must be one of {MODES}, got {mode!r}")
-    nums = _argnums(argnums, len(args))
+    from hlo_guard.inspect.diagnose_tf import diagnose_tf, looks_like_tf
+
+    if looks_like_tf(fn, args):
+        return diagnose_tf(fn, *args, argnums=argnums, mode=mode)
+    nums = check_argnums(argnums, len(args))
     from hlo_guard.api import guard
 
     diff = [args[i] for i in nums]
@@ -251,7 +257,7 @@ def _derivative(f, leaves, mode):
     return list(vjp([np.ones_like(o) for o in outs]))
 
 
-def _argnums(argnums, n: int) -> tuple[int, ...]:
+def check_argnums(argnums, n: int) -> tuple[int, ...]:
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     if not nums or not all(isinstance(i, int) for i in nums):
         raise GuardUsageError(f"argnums must be an int or a tuple of ints, got {argnums!r}")
