@@ -13,6 +13,7 @@ indexing without the NaN that dead lanes leak.
 from hlo_guard.api import GuardedFunction, guard, guarded_jit
 from hlo_guard.errors import GuardUsageError, HloGuardError
 from hlo_guard.inspect.compare import compare
+from hlo_guard.inspect.diagnose import diagnose
 from hlo_guard.inspect.dumps import dump, dump_lowered
 from hlo_guard.inspect.explain import explain
 
@@ -24,6 +25,7 @@ __all__ = [
     "GuardedFunction",
     "explain",
     "compare",
+    "diagnose",
     "dump",
     "dump_lowered",
     "GuardUsageError",

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.jax_frontend.compat import public_nan_errors
 from hlo_guard.jax_frontend.interpreter import run_guarded
 from hlo_guard.jax_frontend.trace_cache import (
     DEFAULT_CACHE_BYTES,
@@ -119,7 +120,10 @@ class GuardedFunction:
 
     def __call__(self, *args, **kwargs):
         program, leaves = self.traced(*args, **kwargs)
-        outs = run_guarded(program.analysis, program.closed_jaxpr.consts, leaves, mode=self.mode)
+        with public_nan_errors():
+            outs = run_guarded(
+                program.analysis, program.closed_jaxpr.consts, leaves, mode=self.mode
+            )
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
     def __get__(self, obj, objtype=None):

@@ -44,6 +44,10 @@ class Analysis:
     #: what the front end derives from this analysis and keeps with it (the
     #: JAX front end's ``GuardPlan``); None until the front end asks
     plan: Any = field(default=None, repr=False, compare=False)
+    #: the boundary placement of this graph (:mod:`passes.planning`), made on
+    #: first use -- or by the enclosing graph's placement when it sees through
+    #: this body as one lane-local operation (:meth:`Rule.transparent_body`)
+    placement: Any = field(default=None, repr=False, compare=False)
 
     def value_liveness(self, value: Hashable) -> Liveness:
         if value is None:

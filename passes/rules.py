@@ -73,6 +73,54 @@ class Rule:
         rule proves otherwise: broadcasts, gathers, contractions, calls."""
         return False
 
+    def mask_passes_through(self, ctx, node: int, index: int) -> bool:
+        """True when the mask of input ``index`` *is* the mask of the op's
+        single output (same-shape elementwise ops): the placement then knows
+        two reads of a value dead in the same lanes without building masks."""
+        return False
+
+    def called_body(self, ctx, node: int):
+        """The analysis of this node's body when it is a plain call, whose
+        body's outputs go straight back to the caller: the boundary placement
+        then places the body together with its caller and tells it what lies
+        beyond its outputs, instead of assuming a hazard there.  None for
+        everything else (control flow, whose carries feed back; custom
+        derivatives)."""
+        return None
+
+    def transparent_body(self, ctx, node: int):
+        """The analysis of this call's body when the boundary placement may
+        see through the call as one lane-local operation (every op in the
+        body keeps lanes apart), else None.  The body's inputs and outputs are
+        then no boundaries of their own: the enclosing graph's placement
+        decides them, and the body's guards sit only at its inner joins and
+        lane-mixing ops.  ``jnp``'s one-op ``jit`` wrappers are the case that
+        matters (docs/PLACEMENT.md)."""
+        return None
+
+    def forward_exit(self, ctx, node: int, index: int) -> bool:
+        """True when the op's derivative *multiplies* input ``index``'s
+        tangent by a 0/1 coefficient instead of selecting it (the JVPs of
+        ``max``/``min`` and ``reduce_max``).  A non-finite tangent in a lane
+        the op does not choose then turns into NaN in a live output lane: the
+        use is where a forward-mode dead region exits, and it keeps a guard of
+        its own whenever a tangent hazard lies upstream (docs/PLACEMENT.md).
+        Such an op is not a *reverse* hazard: its transpose multiplies a
+        finite cotangent by 0 or 1."""
+        return False
+
+    def tangent_may_be_nonfinite(self, ctx, node: int) -> bool:
+        """Whether the op's tangent may be non-finite when its input tangents
+        are finite (its local derivative may be inf/NaN).  By default: where
+        some input is a reverse hazard, or when the op is only known
+        conservatively; calls answer from their bodies."""
+        if self.kind == "conservative":
+            return True
+        return any(
+            self.guards_input(ctx, node, i) and not self.forward_exit(ctx, node, i)
+            for i in range(n_inputs(ctx.graph, node))
+        )
+
     # the front end's view of one node (a jaxpr equation, a ``tf.Operation``),
     # for the shared rules' mask halves below
     def item_inputs(self, item) -> Sequence[Any]:

@@ -99,7 +99,7 @@ def inner_where(v):
 
 
 def f_nested(x):
-    return inner_where(x) * 2.0
+    return inner_where(x) * 2.0  # L-nested
 
 
 def f_static_arg(x, n):
@@ -145,8 +145,11 @@ def test_clip_sites_are_in_the_clip_scope_and_named_clip():
     r = explain(f_clip, X)
     scopes = {s.scope for s in reverse(r)}
     assert scopes == {"", "jit(clip)"}
-    div = [s for s in r.guards if s.op == "div"]
+    # the boundary guard sits where x enters the chain: on jnp's true_divide
+    # call, protecting the div inside it
+    div = [s for s in r.guards if s.op == "true_divide"]
     assert len(div) == 1 and div[0].operand == 1
+    assert [p.split(" at ")[0] for p in div[0].protects] == ["div"]
     assert {o.op for o in div[0].origins} == {"clip"}
     assert {o.primitive for o in div[0].origins} == {"max", "min"}
     assert all(loc_line(o.location) == line_of("# L-clip") for o in div[0].origins)
@@ -187,11 +190,15 @@ def test_statically_dead_guard_is_reported_as_stop_gradient():
 
 
 def test_nested_jit_scope_and_location():
+    """The jitted helper is one lane-wise chain: its guard sits where ``x``
+    enters it, and the report names the ``log`` inside, with its own line."""
     r = explain(f_nested, X)
     (s,) = reverse(r)
-    assert s.op == "log" and s.scope == "jit(inner_where)"
-    assert loc_line(s.location) == line_of("# L-inner")
-    assert r.counts()["guards_by_scope"]["jit(inner_where)"] == 1
+    assert s.op == "jit(inner_where)" and s.scope == "" and s.operand == 0
+    assert loc_line(s.location) == line_of("# L-nested")
+    (protected,) = s.protects
+    assert protected.startswith("log at ") and f":{line_of('# L-inner')}:" in protected
+    assert f"protects the chain: {protected}" in r.to_text()
 
 
 def test_forward_mode_output_guard_on_a_call_whose_tangent_is_partly_zero():
@@ -276,14 +283,15 @@ def test_json_round_trip_and_text():
         == len(r.guards)
         == len([s for s in d["sites"] if s["kind"] == "guard"])
     )
-    site = next(s for s in d["sites"] if s["op"] == "div")
+    site = next(s for s in d["sites"] if s["op"] == "true_divide")
+    assert site["protects"] and site["protects"][0].startswith("div at ")
     assert {"op", "location", "meaning", "primitive", "scope", "operand"} <= set(site["origins"][0])
     text = r.to_text()
     assert text.startswith("hlo_guard explain: f_clip(x: f32[4]) [jax]")
     first = r.guards[0]
     assert loc_line(first.location) == line_of("# L-clip")
-    n = next(i for i, s in enumerate(r.guards, 1) if s.op == "div")
-    assert f"GUARD #{n}: div operand 1 (`x`) at {r.guards[n - 1].location}\n" in text
+    n = next(i for i, s in enumerate(r.guards, 1) if s.op == "true_divide")
+    assert f"GUARD #{n}: true_divide operand 1 (`x`) at {r.guards[n - 1].location}\n" in text
 
 
 def test_base_report_records_render_too():
@@ -387,7 +395,14 @@ def test_sites_are_grouped_by_the_selection_that_causes_them():
     ((origins, sites),) = groups
     assert [o.op for o in origins] == ["where"]
     assert loc_line(origins[0].location) == line_of("# L-two-br")
-    assert sorted(s.op for s in sites if s.mode == "reverse") == ["exp", "log", "sqrt"]
+    # sqrt(x - 1): the guard sits where x enters that chain, on the subtraction
+    reverse_sites = sorted((s for s in sites if s.mode == "reverse"), key=lambda s: s.op)
+    assert [s.op for s in reverse_sites] == ["exp", "log", "subtract"]
+    assert [[p.split(" at ")[0] for p in s.protects] for s in reverse_sites] == [
+        ["exp"],
+        ["log"],
+        ["sqrt"],
+    ]
     text = r.to_text()
     header = f"SELECTED BY where [select_n] at {origins[0].location}"
     assert text.count("SELECTED BY") == 1 and header in text
@@ -465,9 +480,13 @@ def test_dead_lane_text_has_no_jaxpr_names_and_no_double_negatives():
     assert s.op == "sqrt" and s.mask == "lanes where `x > 0` is false"
     (s,) = reverse(explain(f_deep_predicate, X))
     assert s.mask == "lanes where `sin(…) > 0.5` is true"
-    (s,) = reverse(explain(f_scan_body, X))
-    assert s.mask == "lanes where `x[i] > carry 0` is false"
-    assert s.operand_expr == "x[i] - carry 0"
+    # inside the scan body, the boundary is where x[i] and the carry enter
+    # the chain sqrt(x[i] - carry)
+    sites = reverse(explain(f_scan_body, X))
+    assert {s.operand_expr for s in sites} == {"x[i]", "carry 0"}
+    for s in sites:
+        assert s.mask == "lanes where `x[i] > carry 0` is false"
+        assert [p.split(" at ")[0] for p in s.protects] == ["sqrt"]
 
 
 # -- dead lanes inside a custom_vjp body: reported, never silent ------------------------

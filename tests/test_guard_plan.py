@@ -64,14 +64,14 @@ def test_plan_is_made_once_per_analysis():
     program, _ = g.traced(X)
     plan = plan_of(program.analysis)
     assert plan_of(program.analysis) is plan
-    assert plan.needs_rewrite
+    assert plan.needs_rewrite("gradient")
     sites = [
         (a.graph.eqns[node].primitive.name, s.index)
         for a in _analyses(program.analysis)
         for node, node_sites in plan_of(a).sites_by_node.items()
         for s in node_sites
     ]
-    assert sites == [("sqrt", 0)]
+    assert sites == [("jit", 0)]  # on jnp.sqrt's call, where x enters the chain
     again, _ = g.traced(X)  # trace cache hit: same analysis, same plan
     assert plan_of(again.analysis) is plan
 
@@ -83,11 +83,12 @@ def test_skipped_guard_is_recorded_in_its_scope():
     assert not record.skipped and not record.finished
     g(X)  # (io_callback has no derivative rule: forward only)
     assert record.finished == {"gradient"}
-    # the where's predicate comes from the callback: the masks of jnp.where's
-    # outputs (passed into its body, index None) could not be built
+    # the where's predicate comes from the callback: the mask of the guard
+    # where x enters the chain (jnp.sqrt's call, input 0) could not be built
     ((node, index, reason),) = record.skipped
-    assert index is None and "io_callback" in reason
-    assert program.analysis.graph.eqns[node].primitive.name == "jit"
+    assert index == 0 and "io_callback" in reason
+    eqn = program.analysis.graph.eqns[node]
+    assert eqn.primitive.name == "jit" and eqn.params["name"] == "sqrt"
 
 
 def test_explain_after_a_call_does_not_evaluate_again(runs):

@@ -94,6 +94,24 @@ def test_gradient_mode_trips_debug_nans(debug_nans):
         jax.hessian(guarded_jit(where_sqrt))(X)
 
 
+@pytest.mark.parametrize("wrap", [guard, guarded_jit], ids=["guard", "guarded_jit"])
+def test_debug_nans_raises_floating_point_error_like_jax(debug_nans, wrap):
+    """A genuine NaN under ``jax_debug_nans`` is JAX's public
+    ``FloatingPointError``, as plain ``jax.jit`` raises it, not the internal
+    exception an eagerly re-bound ``jit(sqrt)`` equation throws."""
+
+    def f(x):
+        return jnp.sqrt(x).sum()
+
+    # jax 0.12 skips the check on a cache hit of an eagerly bound inline jit
+    # compiled earlier (by value mode, here): start from empty caches
+    jax.clear_caches()
+    with pytest.raises(FloatingPointError):
+        jax.grad(jax.jit(f))(X)  # the oracle: what JAX does
+    with pytest.raises(FloatingPointError):
+        jax.grad(wrap(f))(X)
+
+
 @pytest.mark.parametrize("f", [s[0] for s in SEEDS] + [clipped_arccos], ids=IDS + ["clip"])
 def test_value_mode_forward_bitwise_identical(f):
     x = jnp.linspace(-3.0, 3.0, 1001)

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="hlo-guard",
-        description="Show what hlo_guard does to a JAX function.",
+        description="Show what hlo_guard does to a JAX function, or why its gradient is NaN.",
         epilog="exit codes: 0 ok, 1 compare found a contract violation, 2 usage error, "
         "3 --strict and not clean, 4 the function raised",
     )
@@ -96,6 +96,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--transform", choices=TRANSFORMS, default="grad")
     p.add_argument(
         "--strict", action="store_true", help="exit 3 if a guarded derivative lane is still NaN/inf"
+    )
+    p = sub.add_parser(
+        "diagnose",
+        parents=[common],
+        help="why the plain derivative is NaN: leak (which where, which op) or genuine",
+    )
+    p.add_argument(
+        "--argnums", type=int, nargs="+", default=[0], metavar="N", help="arguments differentiated"
+    )
+    p.add_argument("--mode", choices=("reverse", "forward"), default="reverse")
+    p.add_argument(
+        "--strict", action="store_true", help="exit 3 if the plain derivative has a NaN/inf lane"
     )
     return parser
 
@@ -168,6 +180,15 @@ def _command(ns, fn, args, kwargs) -> int:
         else:
             print(text)
         return EXIT_OK
+    if ns.command == "diagnose":
+        from hlo_guard.inspect.diagnose import diagnose
+
+        if kwargs or ns.static_argnums:
+            raise UsageError("diagnose takes positional array arguments only")
+        argnums = ns.argnums[0] if len(ns.argnums) == 1 else tuple(ns.argnums)
+        diagnosis = diagnose(fn, *args, argnums=argnums, mode=ns.mode)
+        print(diagnosis.to_json() if ns.json else diagnosis.to_text())
+        return EXIT_STRICT if ns.strict and not diagnosis.finite else EXIT_OK
     from hlo_guard.inspect.compare import compare
 
     result = compare(fn, *args, transform=ns.transform, **kwargs)

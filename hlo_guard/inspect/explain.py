@@ -32,10 +32,10 @@ from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
 from hlo_guard.inspect.scopes import ScopeTree
 from hlo_guard.jax_frontend.compat import jit_inlines
-from hlo_guard.jax_frontend.graph import Literal, OriginToken
+from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken
 from hlo_guard.jax_frontend.plan import plan_of
 from passes.lattice import Level
-from passes.planning import plan_guards
+from passes.planning import plan_guards, protected_hazards
 
 
 def explain(fn, *args, **kwargs) -> ExplainReport:
@@ -67,7 +67,7 @@ def build_report(progs: Programs) -> ExplainReport:
         jax.make_jaxpr(progs.flat("guarded"))(*progs.leaves)
     tree = ScopeTree(analysis)
     input_names = dict(zip(progs.program.closed_jaxpr.jaxpr.invars, progs.leaf_names()))
-    explainer = _Explainer(tree, Renderer(tree, input_names))
+    explainer = _Explainer(tree, Renderer(tree, input_names), progs.guarded.mode)
     sites: list[SiteInfo] = []
     for a in tree.analyses():
         if not plan_of(a).mask_only:  # a custom call's body: masks only, never guarded
@@ -101,13 +101,19 @@ def _level_name(level: Level) -> str:
 
 
 class _Explainer:
-    def __init__(self, tree: ScopeTree, renderer: Renderer):
+    def __init__(self, tree: ScopeTree, renderer: Renderer, mode: str = "gradient"):
         self.tree = tree
         self.render = renderer
+        self.mode = mode  # value mode guards every hazard; gradient mode the boundaries
 
     def scope_sites(self, analysis) -> list[SiteInfo]:
         graph = analysis.graph
-        guards, unguarded = plan_guards(analysis)
+        plan = plan_of(analysis)
+        guards = sorted(
+            (site for sites in plan.sites_for(self.mode).values() for site in sites),
+            key=lambda site: (site.node, site.index),
+        )
+        unguarded = plan_guards(analysis)[1]
         out: list[SiteInfo] = []
         skipped = sorted(
             plan_of(analysis).record.skipped,
@@ -155,6 +161,7 @@ class _Explainer:
                 level=_level_name(site.liveness.level),
                 node=site.node,
                 mask=_mask_text(origins, site.statically_dead),
+                protects=self.protects(analysis, site) if self.mode != "value" else [],
             )
             if (site.node, site.index) in skipped_uses:
                 continue  # reported below as skipped, not as a guard
@@ -169,7 +176,7 @@ class _Explainer:
                 index is None
                 and _is_inline_call(eqn)
                 and (node, 0) in analysis.subs
-                and plan_guards(analysis.subs[(node, 0)])[0]
+                and plan_of(analysis.subs[(node, 0)]).sites_for(self.mode)
             ):
                 continue  # reported on the guard sites inside (jnp.sqrt's sqrt)
             loc, _ = self.tree.location(graph, node)
@@ -219,6 +226,17 @@ class _Explainer:
                 )
             )
         return out
+
+    def protects(self, analysis, site) -> list[str]:
+        """The singular operations of the chain this boundary guard protects,
+        ``sqrt at f.py:3``, in program order (docs/PLACEMENT.md)."""
+        found = []
+        for a, node in protected_hazards(analysis, site.node, site.index):
+            graph = cast(JaxprGraph, a.graph)
+            eqn = graph.eqns[node]
+            loc, _ = self.tree.location(graph, node)
+            found.append((loc, f"{eqn.primitive.name} at {loc or '?'}"))
+        return list(dict.fromkeys(text for _, text in sorted(found)))
 
     def passed_masks_skipped(self, analysis):
         """The reason, if the caller of this body could not build the masks of

@@ -46,6 +46,9 @@ class SiteInfo(SiteRecord):
     node: int | None = None  # equation index within its scope's jaxpr
     output: int | None = None  # forward-mode guard: which output is guarded
     mode: str = "reverse"  # "reverse" (input guard) or "forward" (output guard)
+    #: a boundary guard: the singular operations of the dead chain behind it
+    #: ("sqrt at f.py:3"), whose NaN its select discards
+    protects: list[str] = field(default_factory=list)
 
 
 def _get(obj, name, default=""):
@@ -183,6 +186,9 @@ class ExplainReport(Report):
             lines = [f"GUARD #{n}: {op}{operand} at {s.location or '?'}{scope}"]
             if s.statically_dead:
                 lines.append("    every lane is dead: the guard is a plain stop_gradient")
+            protects = _get(s, "protects", None) or []
+            if protects:
+                lines.append("    protects the chain: " + ", ".join(protects))
         else:
             cat = _get(s, "category")
             lines = [

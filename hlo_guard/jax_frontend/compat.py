@@ -187,3 +187,32 @@ def jit_inlines(params: dict) -> bool:
     if isinstance(value, bool):
         return value
     return getattr(value, "name", None) in ("JAX_EARLY", "JAX_LATE")
+
+
+class _NeverRaised(Exception):
+    """Stands in when JAX no longer has the internal exception."""
+
+
+def _internal_nan_error() -> type[Exception]:
+    try:
+        from jax._src.api_util import InternalFloatingPointError
+    except ImportError:  # gone: then nothing raises it
+        return _NeverRaised
+    return InternalFloatingPointError
+
+
+#: what an eagerly bound ``jit`` equation raises under ``jax_debug_nans``; JAX
+#: converts it to ``FloatingPointError`` in its own ``jit`` wrapper, which an
+#: equation re-bound by the interpreter never passes through
+InternalNanError = _internal_nan_error()
+
+
+@contextlib.contextmanager
+def public_nan_errors():
+    """Raise ``jax_debug_nans``/``jax_debug_infs`` findings as the
+    ``FloatingPointError`` JAX's own ``jit`` raises, with JAX's wording."""
+    try:
+        yield
+    except InternalNanError as e:
+        name, ty = getattr(e, "name", "?"), getattr(e, "ty", "nan")
+        raise FloatingPointError(f"invalid value ({ty}) encountered in {name}") from None

@@ -47,7 +47,7 @@ from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, OutputGuardSite
+from passes.planning import GuardSite, OutputGuardSite, guard_sharing_key
 from passes.rules import BroadcastOperandRule, implements
 
 # -- evaluation ----------------------------------------------------------------
@@ -88,6 +88,8 @@ class Scope:
         )
         self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
         self.children: dict[Any, Scope] = {}
+        #: (variable, mask key) -> its guarded value (:meth:`shared_guard`)
+        self._shared_guards: dict[Any, Any] = {}
         self.plan = plan_of(analysis)
         self.record = self.plan.record
 
@@ -218,6 +220,20 @@ class Scope:
         shape = np.shape(x)
         return lax.select(to_guard_mask(mask, shape), x, lax.stop_gradient(x))
 
+    def shared_guard(self, node: int, site: GuardSite, x):
+        """:meth:`guard`, once per (value, mask): the uses of one value whose
+        masks are known equal (``d * d``, ``s * s - s``) share one select, as
+        a hand-written double where does.  Gradient mode only: value mode's
+        safe point depends on the guarded primitive."""
+        atom = self.graph.eqns[node].invars[site.index]
+        if self.mode == "value" or isinstance(atom, Literal):
+            return self.guard(node, site, x)
+        key = (atom, guard_sharing_key(self.analysis, node, site.index))
+        found = self._shared_guards.get(key)
+        if found is None:
+            found = self._shared_guards[key] = self.guard(node, site, x)
+        return found
+
     def _safe_point(self, node: int, site: GuardSite):
         """Value mode: the safe point for this site, or None if its dead lanes
         are not all value-dead (see :mod:`value_mode`)."""
@@ -288,7 +304,7 @@ class Scope:
         return found
 
     def run(self) -> list[Any]:
-        sites = self.plan.sites_by_node
+        sites = self.plan.sites_for(self.mode)
         out_sites = self.plan.output_sites_by_node
         env = self.values.env
         # gradient mode: side values keep their derivatives so that the
@@ -302,7 +318,7 @@ class Scope:
                 wide = self.broadcast_masks(node, eqn, node_sites, invals)
                 for site in node_sites:
                     if site.index not in wide:
-                        invals[site.index] = self.guard(node, site, invals[site.index])
+                        invals[site.index] = self.shared_guard(node, site, invals[site.index])
                 side = self._shared_side(eqn)
                 if side is None:
                     outs = (
@@ -310,7 +326,9 @@ class Scope:
                         if wide
                         else self._bind(node, eqn, invals)
                     )
-                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies:
+                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(
+                    self.mode
+                ):
                     fn, passed = _guarded_call(self, node, eqn, len(invals))
                     outs = share_side_primal(side, partial(call_with, fn), invals, passed)
                 else:
@@ -346,7 +364,7 @@ class Scope:
 
     def _bind(self, node, eqn, invals):
         binder = BINDERS.get(eqn.primitive.name)
-        if binder is not None and node in self.plan.rewritten_bodies:
+        if binder is not None and node in self.plan.rewritten_bodies(self.mode):
             return binder(self, node, eqn, invals)
         return bind_eqn(eqn, invals)
 

@@ -28,7 +28,13 @@ from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
 from hlo_guard.jax_frontend.rule_table import RULES
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
 from passes.lattice import LIVE
-from passes.planning import GuardSite, OutputGuardSite, plan_guards, plan_output_guards
+from passes.planning import (
+    GuardSite,
+    OutputGuardSite,
+    plan_boundary_guards,
+    plan_guards,
+    plan_output_guards,
+)
 
 #: primitives whose bodies the interpreter evaluates with guards
 _GUARDED_BODIES = REWRITTEN_CALLS | {"cond", "while", "scan", "shard_map"}
@@ -69,6 +75,8 @@ class GuardPlan:
     callables: dict[tuple, Callable] = field(default_factory=dict)
     #: value mode: whether a node's dead lanes are dead by value, per (node, nested)
     value_dead: dict[tuple[int, int], bool] = field(default_factory=dict)
+    #: mode -> :meth:`rewritten_bodies`
+    _rewritten: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
 
     @property
     def graph(self) -> JaxprGraph:
@@ -77,10 +85,20 @@ class GuardPlan:
 
     @cached_property
     def sites_by_node(self) -> dict[int, list[GuardSite]]:
-        grouped: dict[int, list[GuardSite]] = {}
-        for site in plan_guards(self.analysis)[0]:
-            grouped.setdefault(site.node, []).append(site)
-        return grouped
+        """Gradient mode: the boundary placement (a guard where a dead region
+        meets live computation, docs/PLACEMENT.md)."""
+        return _by_node(plan_boundary_guards(self.analysis)[0])
+
+    @cached_property
+    def hazard_sites_by_node(self) -> dict[int, list[GuardSite]]:
+        """Value mode: a guard on every hazard itself.  Value mode promises
+        finite *forward* values in dead lanes, so each singular operation
+        needs its own safe point; a guard at the region's boundary would only
+        clean the cotangent."""
+        return _by_node(plan_guards(self.analysis)[0])
+
+    def sites_for(self, mode: str) -> dict[int, list[GuardSite]]:
+        return self.hazard_sites_by_node if mode == "value" else self.sites_by_node
 
     @cached_property
     def forward(self) -> ForwardAnalysis:
@@ -98,21 +116,26 @@ class GuardPlan:
             grouped.setdefault(site.node, []).append(site)
         return grouped
 
-    @cached_property
-    def rewritten_bodies(self) -> frozenset[int]:
-        """The call and control-flow nodes re-bound with a guarded body: some
-        body of theirs needs a rewrite itself."""
-        eqns = self.graph.eqns
-        return frozenset(
-            node
-            for (node, _), sub in self.analysis.subs.items()
-            if eqns[node].primitive.name in _GUARDED_BODIES and plan_of(sub).needs_rewrite
-        )
+    def rewritten_bodies(self, mode: str) -> frozenset[int]:
+        """The call and control-flow nodes re-bound with a guarded body in
+        ``mode``: some body of theirs needs a rewrite itself."""
+        found = self._rewritten.get(mode)
+        if found is None:
+            eqns = self.graph.eqns
+            found = self._rewritten[mode] = frozenset(
+                node
+                for (node, _), sub in self.analysis.subs.items()
+                if eqns[node].primitive.name in _GUARDED_BODIES and plan_of(sub).needs_rewrite(mode)
+            )
+        return found
 
-    @cached_property
-    def needs_rewrite(self) -> bool:
-        """Whether evaluating this graph differs from binding it as it is."""
-        return bool(self.sites_by_node or self.output_sites_by_node or self.rewritten_bodies)
+    def needs_rewrite(self, mode: str) -> bool:
+        """Whether evaluating this graph in ``mode`` differs from binding it
+        as it is (a ``jnp.sqrt`` wrapper inside a guarded chain has guards in
+        value mode but none in gradient mode)."""
+        return bool(
+            self.sites_for(mode) or self.output_sites_by_node or self.rewritten_bodies(mode)
+        )
 
     @cached_property
     def all_uses(self) -> dict[Any, list[tuple[int, int]]]:
@@ -125,6 +148,13 @@ class GuardPlan:
                 if not isinstance(v, Literal):
                     uses.setdefault(v, []).append((node, i))
         return uses
+
+
+def _by_node(sites: list[GuardSite]) -> dict[int, list[GuardSite]]:
+    grouped: dict[int, list[GuardSite]] = {}
+    for site in sites:
+        grouped.setdefault(site.node, []).append(site)
+    return grouped
 
 
 def plan_of(analysis: Analysis) -> GuardPlan:

@@ -42,9 +42,33 @@ class JaxRule(Rule):
         eqn = analysis.graph.eqns[node]
         if self.lane_local == "same-shape":
             shapes = {aval_shape(v) for v in eqn.outvars}
-            shapes.update(aval_shape(eqn.invars[i]) for i in diff_indices(eqn))
+            shapes.update(
+                aval_shape(eqn.invars[i])
+                for i in diff_indices(eqn)
+                if analysis.use(node, i).reaches_output  # a constant operand mixes nothing
+            )
             return len(shapes) == 1
         return True
+
+    def mask_passes_through(self, analysis, node, index) -> bool:
+        """Elementwise and pass-through rules hand an operand of the output's
+        shape the output's own mask (``reduce_to_shape`` of one mask to its
+        own shape is that mask)."""
+        if self.kind not in ("elementwise", "pass-through"):
+            return False
+        eqn = analysis.graph.eqns[node]
+        return len(eqn.outvars) == 1 and aval_shape(eqn.invars[index]) == aval_shape(eqn.outvars[0])
+
+    def tangent_may_be_nonfinite(self, analysis, node) -> bool:
+        """Besides the reverse hazards (the base answer): a call whose body
+        holds a risky operation, and control flow and custom-derivative calls,
+        whose bodies or rules are not followed here."""
+        if self.kind in ("control-flow", "custom-call"):
+            return True
+        if super().tangent_may_be_nonfinite(analysis, node):
+            return True
+        n_out = len(analysis.graph.eqns[node].outvars)
+        return any(self.guards_output(analysis, node, j) for j in range(n_out))
 
     #: False: lane-mixing (default); True: never mixes; "same-shape": lane-local
     #: when every differentiable operand has the output's shape

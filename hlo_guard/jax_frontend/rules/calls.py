@@ -67,6 +67,27 @@ def constant_body_inputs(graph, args, body):
     return list(body.constvars) + [v for v, a in zip(body.invars, args) if graph.is_constant(a)]
 
 
+#: calls the boundary placement may see through (:meth:`Call.transparent_body`)
+_TRANSPARENT_CALLS = frozenset({"jit", "closed_call", "eval_jaxpr"})
+
+
+def _keeps_lanes_apart_throughout(sub) -> bool:
+    """Whether every op of a body that carries a derivative keeps lanes
+    apart (nested transparent calls included); ops no derivative passes
+    through (the broadcast of ``jnp.where``'s constant) do not count."""
+    graph = sub.graph
+    for node in range(graph.node_count()):
+        n_in = len(graph.node_inputs(node))
+        if not any(sub.use(node, i).reaches_output for i in range(n_in)):
+            continue
+        rule = sub.rules.get(graph.op_name(node))
+        if rule is None:
+            return False
+        if rule.transparent_body(sub, node) is None and not rule.keeps_lanes_apart(sub, node):
+            return False
+    return True
+
+
 class Call(JaxRule):
     kind = "call"
 
@@ -83,6 +104,23 @@ class Call(JaxRule):
         )
         sub = analysis.analyze_sub(node, 0, graph, outs)
         return [sub.value_liveness(v) for v in body.invars]
+
+    def transparent_body(self, analysis, node):
+        """The body of a plain call (``jit``, ``closed_call``) made only of ops
+        that keep lanes apart -- every ``jnp`` ufunc's inline ``jit`` wrapper
+        -- so that a chain of ``jnp`` calls is one dead region with one guard
+        where it meets live computation, as if the calls were inlined.  Not
+        for ``remat`` (its body is re-run in the backward pass) nor for a
+        custom call's structure analysis (``guards`` set)."""
+        sub = self.called_body(analysis, node)
+        if sub is None or not _keeps_lanes_apart_throughout(sub):
+            return None
+        return sub
+
+    def called_body(self, analysis, node):
+        if self.guards or analysis.graph.eqns[node].primitive.name not in _TRANSPARENT_CALLS:
+            return None
+        return analysis.subs.get((node, 0))
 
     def input_masks(self, mctx, node, eqn, out_masks):
         body, _ = body_of(eqn)

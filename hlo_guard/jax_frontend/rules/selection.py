@@ -156,6 +156,10 @@ class MaxMin(JaxRule):
     def guards_output(self, analysis, node, index):
         return False  # its inputs are guarded; the tangent it multiplies is already 0
 
+    def forward_exit(self, analysis, node, index):
+        # JAX's JVP multiplies each operand's tangent by a 0/0.5/1 indicator
+        return self.guards_input(analysis, node, index)
+
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         lv = dropping(analysis, node, joined(outs))
@@ -247,6 +251,10 @@ class ReduceChooser(JaxRule):
 
     def guards_output(self, analysis, node, index):
         return False
+
+    def forward_exit(self, analysis, node, index):
+        # JAX's JVP sums tangent * location-indicator / count
+        return self.guards_input(analysis, node, index)
 
     def transfer(self, analysis, node, outs):
         return [dropping(analysis, node, joined(outs))]
