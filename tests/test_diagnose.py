@@ -275,3 +275,54 @@ def test_cli_diagnose(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[1].strip().startswith("2 non-finite lane(s) in d/dx: 2 leak")
     assert cli_main(["diagnose", target, "[1,2]", "--strict"]) == 0
+
+
+# -- control flow: the innermost user line, each body run on its own values ---------------
+
+
+def test_scan_body_is_followed_to_its_line():
+    from jax import lax
+
+    def f(x):
+        def body(c, xi):
+            return c + xi, jnp.where(xi > 0, jnp.sqrt(xi), 0.0)  # L-scan-body
+
+        return jnp.sum(lax.scan(body, 0.0, x)[1])
+
+    x = jnp.array([0.0, 1.0, 4.0])
+    assert np.isnan(jax.grad(f)(x)[0])  # the oracle: plain JAX leaks at x = 0
+    r = diagnose(f, x)
+    assert lanes_of(r, "leak") == [0]
+    (c,) = causes_of(r, "leak")
+    assert c["primitive"] == "sqrt" and at_line(c["location"], "# L-scan-body")
+    assert c["examples"] == ["sqrt(0.0)"]
+
+
+def test_cond_taken_branch_is_followed_to_its_line():
+    from jax import lax
+
+    def f(x):
+        return lax.cond(
+            jnp.sum(x) > 0,
+            lambda v: jnp.sum(jnp.where(v > 0, jnp.log(v), 0.0)),  # L-cond-branch
+            lambda v: 0.0,
+            x,
+        )
+
+    x = jnp.array([0.0, 1.0, 4.0])
+    r = diagnose(f, x)
+    assert lanes_of(r, "leak") == [0]
+    (c,) = causes_of(r, "leak")
+    assert c["primitive"] == "log" and at_line(c["location"], "# L-cond-branch")
+
+
+def test_one_body_called_twice_is_read_with_each_call_s_values():
+    """Two calls of ``jnp.sqrt`` at one shape: primal values are kept per call
+    path, so each call names its own singular inputs (x and x + 1)."""
+
+    def f(x):
+        return jnp.sum(jnp.sqrt(x) + jnp.sqrt(x + 1.0))  # L-twice
+
+    r = diagnose(f, jnp.array([-1.0, 0.0, 1.0]))
+    examples = sorted(e for c in causes_of(r, "genuine") for e in c["examples"])
+    assert examples == ["sqrt(-1.0)", "sqrt(0.0)", "sqrt(0.0)"]

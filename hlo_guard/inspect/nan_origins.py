@@ -15,10 +15,11 @@ lane the incoming cotangent (tangent) tells the two stories apart:
 * it was non-zero: a taken path through a point where the local derivative is
   infinite: a **genuine** singularity.
 
-Plain calls (``jit``, ``closed_call``) are followed into their bodies so that
-the innermost user line is named; control flow and custom-derivative calls
-are differentiated as one equation (their own rules decide), and a creation
-inside them is attributed to the call.  Nothing here guesses: every record is
+Plain calls (``jit``, ``closed_call``), the taken branch of ``cond`` and (in
+reverse mode) every iteration of ``scan`` are followed into their bodies so
+that the innermost user line is named; ``while`` loops and custom-derivative
+calls are differentiated as one equation (their own rules decide), and a
+creation inside them is attributed to the call.  Nothing here guesses: every record is
 a value JAX computed.
 """
 
@@ -32,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlo_guard.jax_frontend.binding import bind_eqn
-from hlo_guard.jax_frontend.bodies import body_of
+from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
+from hlo_guard.jax_frontend.compat import scan_layout
 from hlo_guard.jax_frontend.graph import Literal, is_inexact_aval
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.source import eqn_location
@@ -85,51 +87,80 @@ def creations(closed_jaxpr, args, mode: str) -> list[Creation]:
     found: list[Creation] = []
     jaxpr, consts = closed_jaxpr.jaxpr, list(closed_jaxpr.consts)
     primal = _Primal()
-    primal.run(jaxpr, consts, args)
+    primal.run(jaxpr, consts, args, ())
     if mode == "forward":
         tangents = [_ones(a) for a in args]
-        _, reach = _forward(jaxpr, consts, args, tangents, primal, found)
+        _, reach = _forward(jaxpr, (), args, tangents, primal, found)
     else:
-        outs = [primal.read(jaxpr, v) for v in jaxpr.outvars]
+        outs = [primal.read((), v) for v in jaxpr.outvars]
         cts = [_ones(o) for o in outs]
-        _, _, reach = _reverse(jaxpr, cts, [frozenset()] * len(cts), primal, found, "")
+        _, _, reach = _reverse(jaxpr, (), cts, [frozenset()] * len(cts), primal, found, "")
     # only what reaches the derivative: a NaN a later select discards is no cause
     reaching = frozenset().union(*reach)
     return _merged([c for c in found if id(c) in reaching])
 
 
 class _Primal:
-    """Primal values of every variable, nested bodies included (keyed by the
-    body jaxpr and the calling equation's position)."""
+    """Primal values of every variable, nested bodies included, keyed by the
+    path of equation positions that leads to each body: one body jaxpr can
+    serve several calls (``jnp.sqrt`` twice at one shape), and a ``scan``
+    body runs once per iteration.  ``cond`` runs its taken branch."""
 
     def __init__(self):
-        self.envs: dict[int, dict] = {}
+        self.envs: dict[tuple, dict] = {}
+        self.taken: dict[tuple, int] = {}  # a cond's path -> the branch it ran
+        self.order: dict[tuple, list[int]] = {}  # a scan's path -> iterations run
 
-    def run(self, jaxpr, consts, args) -> list[Any]:
+    def run(self, jaxpr, consts, args, key: tuple = ()) -> list[Any]:
         env: dict = {}
-        self.envs[id(jaxpr)] = env
+        self.envs[key] = env
         for v, x in zip(jaxpr.constvars, consts):
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
-        for eqn in jaxpr.eqns:
-            invals = [self.read(jaxpr, v) for v in eqn.invars]
-            if eqn.primitive.name in _FOLLOWED_CALLS:
+        for n, eqn in enumerate(jaxpr.eqns):
+            invals = [self.read(key, v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name in _FOLLOWED_CALLS:
                 body, body_consts = body_of(eqn)
-                outs = self.run(body, body_consts, invals)
+                outs = self.run(body, body_consts, invals, key + (n,))
             else:
                 outs = bind_eqn(eqn, invals)
+                if name == "cond":
+                    self._cond(eqn, invals, key + (n,))
+                elif name == "scan":
+                    self._scan(eqn, invals, key + (n,))
             for v, x in zip(eqn.outvars, outs):
                 env[v] = x
-        return [self.read(jaxpr, v) for v in jaxpr.outvars]
+        return [self.read(key, v) for v in jaxpr.outvars]
 
-    def read(self, jaxpr, atom):
+    def _cond(self, eqn, invals, key):
+        branches = eqn.params["branches"]
+        index = int(np.clip(np.asarray(invals[0]), 0, len(branches) - 1))
+        self.taken[key] = index
+        body, body_consts = open_jaxpr(branches[index])
+        self.run(body, body_consts, invals[1:], key)
+
+    def _scan(self, eqn, invals, key):
+        body, body_consts = open_jaxpr(eqn.params["jaxpr"])
+        n_consts, n_carry = scan_layout(eqn.params, len(eqn.invars))
+        consts = list(invals[:n_consts])
+        carry = list(invals[n_consts : n_consts + n_carry])
+        xs = invals[n_consts + n_carry :]
+        length = eqn.params["length"]
+        order = list(range(length - 1, -1, -1) if eqn.params.get("reverse") else range(length))
+        self.order[key] = order
+        for i in order:
+            outs = self.run(body, body_consts, consts + carry + [x[i] for x in xs], key + (i,))
+            carry = list(outs[:n_carry])
+
+    def read(self, key: tuple, atom):
         if isinstance(atom, Literal):
             return atom.val
-        return self.envs[id(jaxpr)][atom]
+        return self.envs[key][atom]
 
 
-def _reverse(jaxpr, out_cts, out_sel, primal: _Primal, found, where: str, out_bad=None):
+def _reverse(jaxpr, key, out_cts, out_sel, primal: _Primal, found, where: str, out_bad=None):
     """Cotangents of ``jaxpr``'s inputs, the selections their zeros came
     from, and the creation that made them non-finite, recording creations on
     the way.  ``where`` is the enclosing call's location, for equations whose
@@ -148,7 +179,8 @@ def _reverse(jaxpr, out_cts, out_sel, primal: _Primal, found, where: str, out_ba
 
     for k, (v, c, s) in enumerate(zip(jaxpr.outvars, out_cts, out_sel)):
         add(v, c, s, out_bad[k] if out_bad else frozenset())
-    for eqn in reversed(jaxpr.eqns):
+    for n in reversed(range(len(jaxpr.eqns))):
+        eqn = jaxpr.eqns[n]
         outs = [v for v in eqn.outvars if not _is_drop(v)]
         if not any(v in ct for v in outs):
             continue
@@ -157,7 +189,7 @@ def _reverse(jaxpr, out_cts, out_sel, primal: _Primal, found, where: str, out_ba
         ]
         if not diff:
             continue
-        invals = [primal.read(jaxpr, v) for v in eqn.invars]
+        invals = [primal.read(key, v) for v in eqn.invars]
         cts_out = [
             ct.get(v, _zeros_like_aval(v.aval)) if not _is_drop(v) else _zeros_like_aval(v.aval)
             for v in eqn.outvars
@@ -166,10 +198,29 @@ def _reverse(jaxpr, out_cts, out_sel, primal: _Primal, found, where: str, out_ba
         came_bad = frozenset().union(*(bad.get(v, frozenset()) for v in outs))
         name = eqn.primitive.name
         loc = eqn_location(eqn) or where
+        out_sels = [sel.get(v, frozenset()) for v in eqn.outvars]
+        out_bads = [bad.get(v, frozenset()) for v in eqn.outvars]
+        if name == "cond" and key + (n,) in primal.taken:
+            branch, _ = open_jaxpr(eqn.params["branches"][primal.taken[key + (n,)]])
+            b_cts, b_sel, b_bad = _reverse(
+                branch, key + (n,), cts_out, out_sels, primal, found, loc, out_bads
+            )
+            for i in diff:
+                if i >= 1:  # input 0 is the branch index
+                    add(eqn.invars[i], b_cts[i - 1], b_sel[i - 1], b_bad[i - 1])
+            continue
+        if name == "scan" and key + (n,) in primal.order:
+            for i, c, s_, b in _reverse_scan(
+                eqn, key + (n,), cts_out, out_sels, out_bads, primal, found, loc
+            ):
+                if i in diff:
+                    add(eqn.invars[i], c, s_, b)
+            continue
         if name in _FOLLOWED_CALLS:
             body, _ = body_of(eqn)
             body_cts, body_sel, body_bad = _reverse(
                 body,
+                key + (n,),
                 cts_out,
                 [sel.get(v, frozenset()) for v in eqn.outvars],
                 primal,
@@ -194,6 +245,55 @@ def _reverse(jaxpr, out_cts, out_sel, primal: _Primal, found, where: str, out_ba
     ins = [ct.get(v) for v in jaxpr.invars]
     sels = [sel.get(v, frozenset()) for v in jaxpr.invars]
     return ins, sels, [bad.get(v, frozenset()) for v in jaxpr.invars]
+
+
+def _reverse_scan(eqn, key, cts_out, out_sels, out_bads, primal: _Primal, found, loc):
+    """The cotangents of a ``scan``'s inputs, iteration by iteration in
+    reverse, each body run on its own iteration's values: ``(input index,
+    cotangent, selections, creations)`` per differentiable input."""
+    body, _ = open_jaxpr(eqn.params["jaxpr"])
+    n_consts, n_carry = scan_layout(eqn.params, len(eqn.invars))
+    n_in = len(eqn.invars)
+    carry_ct = list(cts_out[:n_carry])
+    ys_ct = cts_out[n_carry:]
+    consts_ct: list = [None] * n_consts
+    xs_ct: list = [None] * (n_in - n_consts - n_carry)
+    sels = [frozenset().union(*out_sels)] * n_in
+    bads = [frozenset().union(*out_bads)] * n_in
+    for i in reversed(primal.order[key]):
+        outs_i = carry_ct + [None if y is None else y[i] for y in ys_ct]
+        in_cts, in_sel, in_bad = _reverse(
+            body,
+            key + (i,),
+            outs_i,
+            [sels[0]] * len(outs_i),
+            primal,
+            found,
+            loc,
+            [bads[0]] * len(outs_i),
+        )
+        sels = [a | b for a, b in zip(sels, in_sel)]
+        bads = [a | b for a, b in zip(bads, in_bad)]
+        for j in range(n_consts):
+            c = in_cts[j]
+            if c is not None:
+                consts_ct[j] = c if consts_ct[j] is None else consts_ct[j] + c
+        carry_ct = [
+            in_cts[n_consts + j]
+            if in_cts[n_consts + j] is not None
+            else _zeros_like_aval(body.invars[n_consts + j].aval)
+            for j in range(n_carry)
+        ]
+        for j in range(len(xs_ct)):
+            c = in_cts[n_consts + n_carry + j]
+            if c is None:
+                continue
+            if xs_ct[j] is None:
+                aval = eqn.invars[n_consts + n_carry + j].aval
+                xs_ct[j] = np.zeros(aval.shape, np.dtype(aval.dtype))
+            xs_ct[j][i] = np.asarray(c)
+    cts = consts_ct + carry_ct + xs_ct
+    return [(k, cts[k], sels[k], bads[k]) for k in range(n_in) if cts[k] is not None]
 
 
 def _eqn_vjp(eqn, invals, diff, cts_out):
@@ -287,7 +387,7 @@ def _note_reverse(eqn, loc, invals, diff, cts_out, cts_in, selections, found):
     return made
 
 
-def _forward(jaxpr, consts, args, tangents, primal: _Primal, found, where: str = "", in_bad=None):
+def _forward(jaxpr, key, args, tangents, primal: _Primal, found, where: str = "", in_bad=None):
     """Tangents of ``jaxpr``'s outputs and the creations their non-finite
     lanes came from, recording creations: a non-finite tangent made from
     finite ones, and (the forward-mode leak) a non-finite tangent multiplied
@@ -299,23 +399,29 @@ def _forward(jaxpr, consts, args, tangents, primal: _Primal, found, where: str =
             tan[v] = t
             if in_bad and in_bad[k]:
                 bad[v] = in_bad[k]
-    for eqn in jaxpr.eqns:
-        invals = [primal.read(jaxpr, v) for v in eqn.invars]
+    for n, eqn in enumerate(jaxpr.eqns):
+        invals = [primal.read(key, v) for v in eqn.invars]
         diff = [i for i, v in enumerate(eqn.invars) if not isinstance(v, Literal) and v in tan]
         if not diff:
             continue
         name = eqn.primitive.name
         loc = eqn_location(eqn) or where
         came_bad = frozenset().union(*(bad.get(eqn.invars[i], frozenset()) for i in diff))
+        body = None
+        skip = 0
         if name in _FOLLOWED_CALLS:
-            body, body_consts = body_of(eqn)
-            body_t = [tan.get(v) if not isinstance(v, Literal) else None for v in eqn.invars]
+            body, _ = body_of(eqn)
+        elif name == "cond" and key + (n,) in primal.taken:
+            body, _ = open_jaxpr(eqn.params["branches"][primal.taken[key + (n,)]])
+            skip = 1  # the branch index has no tangent
+        if body is not None:
+            body_t = [tan.get(v) if not isinstance(v, Literal) else None for v in eqn.invars[skip:]]
             body_bad = [
                 bad.get(v, frozenset()) if not isinstance(v, Literal) else frozenset()
-                for v in eqn.invars
+                for v in eqn.invars[skip:]
             ]
             outs_t, outs_bad = _forward(
-                body, body_consts, invals, body_t, primal, found, loc, body_bad
+                body, key + (n,), invals[skip:], body_t, primal, found, loc, body_bad
             )
         else:
             outs_t = _eqn_jvp(eqn, invals, diff, [tan[eqn.invars[i]] for i in diff])
