@@ -34,7 +34,7 @@ def diagnose_tf(fn, *args, argnums=0, mode: str = "reverse"):
     import tensorflow as tf
 
     import hlo_guard.tf as hg
-    from hlo_guard.inspect.diagnose import DiagnoseReport, LaneGroup, check_argnums
+    from hlo_guard.inspect.diagnose_report import DiagnoseReport, LaneGroup, check_argnums
 
     if mode != "reverse":
         raise GuardUsageError("diagnose of a TensorFlow function supports mode='reverse' only")
