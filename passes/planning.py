@@ -189,11 +189,7 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     for node in reversed(range(graph.node_count())):
         rule = rules.get(graph.op_name(node))
         body = rule.called_body(analysis, node) if rule is not None else None
-        transparent = (
-            body is not None
-            and rule is not None
-            and rule.transparent_body(analysis, node) is not None
-        )
+        transparent = body is not None and node in keys["transparent"]
         mixing = rule is None or (not transparent and not rule.keeps_lanes_apart(analysis, node))
         h_out = rule is None
         for v in graph.node_outputs(node):
@@ -238,8 +234,10 @@ def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
     keyed with its caller's keys of the call's outputs, so its inputs' keys
     are the caller's where the body passes them through.
 
-    Returns ``{"reads": value -> [key of each read], "inputs": [key per graph
-    input], "nested": id(body) -> the body's keys}``."""
+    Returns ``{"reads": value -> [key of each read], "uses": use -> key,
+    "inputs": [key per graph input], "nested": id(body) -> the body's keys,
+    "transparent": the nodes whose body is seen through}``: the placement
+    reads transparency from here instead of deciding it a second time."""
     graph = analysis.graph
     reads: dict = {}
     for k, v in enumerate(graph.graph_outputs()):
@@ -259,6 +257,7 @@ def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
 
     rules = analysis.rules
     use_keys: dict = {}
+    transparent: set[int] = set()  # nodes whose call body is seen through
     for node in reversed(range(graph.node_count())):
         rule = rules.get(graph.op_name(node))
         outs = graph.node_outputs(node)
@@ -266,6 +265,7 @@ def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
         body = rule.transparent_body(analysis, node) if rule is not None else None
         body_inputs: list = []
         if body is not None:
+            transparent.add(node)
             body_keys = _mask_keys(body, node_out_keys, nested)
             nested[id(body)] = body_keys
             body_inputs = body_keys["inputs"]
@@ -286,7 +286,13 @@ def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
             reads.setdefault(v, []).append(key)
             use_keys[(node, i)] = key
     inputs = [value_key(v) for v in graph.graph_inputs()]
-    return {"reads": reads, "uses": use_keys, "inputs": inputs, "nested": nested}
+    return {
+        "reads": reads,
+        "uses": use_keys,
+        "inputs": inputs,
+        "nested": nested,
+        "transparent": transparent,
+    }
 
 
 def protected_hazards(analysis: Analysis, node: int, index: int) -> list[tuple[Analysis, int]]:

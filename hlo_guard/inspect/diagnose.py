@@ -32,6 +32,7 @@ from hlo_guard.inspect.diagnose_report import (
     SHOWN,
     DiagnoseReport,
     LaneGroup,
+    argument_name,
     check_argnums,
 )
 from hlo_guard.inspect.diagnose_tf import diagnose_tf, looks_like_tf
@@ -137,15 +138,9 @@ def _derivative(f, leaves, mode):
 
 
 def _leaf_names(fn, args, nums, tree) -> list[str]:
-    import inspect
-
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
     names = []
     for i in nums:
-        base = params[i] if i < len(params) else f"args[{i}]"
+        base = argument_name(fn, i)
         paths = jax.tree_util.tree_flatten_with_path(args[i])[0]
         for path, _ in paths:
             names.append("d/d" + base + jax.tree_util.keystr(path))
@@ -153,15 +148,9 @@ def _leaf_names(fn, args, nums, tree) -> list[str]:
 
 
 def _nonfinite_args(fn, args) -> list[str]:
-    import inspect
-
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
     found = []
     for i, a in enumerate(args):
-        base = params[i] if i < len(params) else f"args[{i}]"
+        base = argument_name(fn, i)
         for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
             arr = np.asarray(leaf)
             if np.issubdtype(arr.dtype, np.inexact) and not np.all(np.isfinite(arr)):

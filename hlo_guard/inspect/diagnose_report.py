@@ -139,6 +139,14 @@ def _cause_lines(kind: str, c: dict) -> list[str]:
     return lines
 
 
+def argument_name(fn, i: int) -> str:
+    """``fn``'s name for positional argument ``i`` (``args[i]`` without one)."""
+    from hlo_guard.jax_frontend.tracing import positional_names
+
+    names = positional_names(fn)
+    return names[i] if i < len(names) else f"args[{i}]"
+
+
 def check_argnums(argnums, n: int) -> tuple[int, ...]:
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     if not nums or not all(isinstance(i, int) for i in nums):

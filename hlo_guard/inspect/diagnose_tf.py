@@ -122,10 +122,6 @@ def _is_guarded(fn) -> bool:
 
 
 def _names(fn, nums) -> list[str]:
-    import inspect
+    from hlo_guard.inspect.diagnose_report import argument_name
 
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
-    return ["d/d" + (params[i] if i < len(params) else f"args[{i}]") for i in nums]
+    return ["d/d" + argument_name(fn, i) for i in nums]
