@@ -388,6 +388,32 @@ def test_custom_gradient_is_conservative():
     assert_same(xla_grads(g, x)[0], xla_grads(fn, x)[0])
 
 
+@pytest.mark.parametrize("first", ["xla", "graph", "eager"])
+def test_guard_after_its_original_was_differentiated(first):
+    """Differentiating ``g.original`` first (to compare against the guard,
+    say) makes TF append backward intermediates to the traced graph's
+    outputs; the guard must still see only the function's own results, or
+    the ``sqrt`` looks used in every lane and no guard is placed (a silent
+    NaN)."""
+
+    def fn(x):
+        return tf.reduce_sum(where_sqrt(x)) * tf.constant(2.0)
+
+    g = hg.guard(fn)
+    x = tf.constant([-1.0, 0.0, 4.0])
+    if first == "eager":
+        from test_tf_support import eager_grads
+
+        eager_grads(g.original, x)
+    else:
+        plain = xla_grads(g.original, x, jit=first == "xla")[0]
+        if first == "xla":
+            assert np.isnan(plain[:2]).all()
+    expected = xla_grads(lambda x: tf.reduce_sum(where_sqrt_oracle(x)) * 2.0, x)[0]
+    assert_same(xla_grads(g, x)[0], expected)
+    assert len(g.report(x).guards) == 1
+
+
 # -- API surface ---------------------------------------------------------------------------
 
 

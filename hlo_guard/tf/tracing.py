@@ -61,7 +61,7 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
     capture_internal = {id(internal) for _, internal in graph.captures}
     arg_tensors = [t for t in graph.inputs if id(t) not in capture_internal]
     captures = [(external, internal.name) for external, internal in graph.captures]
-    outputs = [t.name for t in graph.outputs]
+    outputs = [t.name for t in _structured_outputs(concrete)]
     control = [op.name for op in graph.control_outputs]
     fetch = [t.name for t in graph.inputs] + outputs + control
     graph_def = inline_calls(concrete, fetch)
@@ -81,6 +81,24 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
         locations,
         body_locations,
     )
+
+
+def _structured_outputs(concrete) -> list:
+    """The graph's outputs that are the function's own results.
+
+    Once a concrete function has been differentiated inside another graph
+    (``g.original`` under a tape in an XLA-compiled step, say), TF appends
+    the intermediates its backward function needs to ``graph.outputs``.
+    Taken as outputs, they would be live uses of every dead branch (a
+    ``sqrt`` feeding a ``where`` would be "used" in all lanes) and the guard
+    would silently place nothing.  The function's own results are the
+    leading ``graph.outputs``, one per tensor leaf of ``structured_outputs``.
+    """
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(concrete.structured_outputs, expand_composites=True)
+    n_results = sum(1 for leaf in leaves if isinstance(leaf, tf.Tensor))
+    return list(concrete.graph.outputs[:n_results])
 
 
 _BODY_GRAPH_ATTRS = ("_true_graph", "_false_graph", "_body_graph", "_cond_graph", "_branch_graphs")
