@@ -36,6 +36,9 @@ class SiteRecord:
     # Sequence: a front end's richer records (``SiteInfo``'s ``OriginInfo``) fit
     origins: Sequence[OriginRecord] = field(default_factory=list)
     reason: str = ""
+    #: a boundary guard: the singular operations of the dead chain behind it
+    #: ("Sqrt 'Sqrt' at f.py:3"), whose NaN its select discards
+    protects: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +85,8 @@ class Report:
             where = f" in {s.scope}" if s.scope else ""
             dead = " [every lane dead: stop_gradient]" if s.statically_dead else ""
             lines.append(f"  GUARD  {s.op} operand {s.operand} at {s.location}{where}{dead}")
+            if s.protects:
+                lines.append("         protects the chain: " + ", ".join(s.protects))
             for o in s.origins:
                 meaning = f": {o.meaning}" if o.meaning else ""
                 lines.append(f"         dead lanes from {o.op} at {o.location}{meaning}")

@@ -46,9 +46,7 @@ class SiteInfo(SiteRecord):
     node: int | None = None  # equation index within its scope's jaxpr
     output: int | None = None  # forward-mode guard: which output is guarded
     mode: str = "reverse"  # "reverse" (input guard) or "forward" (output guard)
-    #: a boundary guard: the singular operations of the dead chain behind it
-    #: ("sqrt at f.py:3"), whose NaN its select discards
-    protects: list[str] = field(default_factory=list)
+    # ``protects`` (SiteRecord): "sqrt at f.py:3", the chain's singular ops
 
 
 def _get(obj, name, default=""):

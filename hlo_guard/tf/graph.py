@@ -78,6 +78,7 @@ class TFGraph:
         self._inputs = [[t.name for t in op.inputs] for op in self.ops]
         self._outputs = [[t.name for t in op.outputs] for op in self.ops]
         self._graph_outputs = [t.name for t in outputs]
+        self._graph_inputs: list[Hashable | None] | None = None
         self.tensors: dict[str, tf.Tensor] = {}
         self._producer: dict[str, tuple[int, int]] = {}
         for n, op in enumerate(self.ops):
@@ -89,6 +90,8 @@ class TFGraph:
         for t in outputs:
             self.tensors.setdefault(t.name, t)
         self._inexact = {name: carries_derivative(t.dtype) for name, t in self.tensors.items()}
+        #: outputs of ``Const`` ops (see :meth:`carries_derivative`)
+        self._constants = {name for name, t in self.tensors.items() if t.op.type == "Const"}
         self.locations = locations or {}
         self.strip_prefix = strip_prefix
 
@@ -108,7 +111,26 @@ class TFGraph:
     def graph_outputs(self) -> list[Hashable | None]:
         return self._graph_outputs
 
+    def graph_inputs(self) -> list[Hashable | None]:
+        """The tensors the slice reads from outside (arguments, captured
+        handles), in order of first read."""
+        if self._graph_inputs is None:
+            seen: dict[Hashable, None] = {}
+            for names in self._inputs:
+                for v in names:
+                    if v not in self._producer:
+                        seen.setdefault(v, None)
+            self._graph_inputs = list(seen)
+        return self._graph_inputs
+
     def carries_derivative(self, value) -> bool:
+        """A floating tensor, other than a ``Const``: a constant's cotangent
+        goes nowhere (as JAX's literals), so its uses are never guarded and
+        never make a join.  The forward views count constants (a constant
+        operand has a structurally zero *tangent*): :meth:`has_float_dtype`."""
+        return self._inexact.get(value, False) and value not in self._constants
+
+    def has_float_dtype(self, value) -> bool:
         return self._inexact.get(value, False)
 
     def origin(self, node: int) -> str:

@@ -20,7 +20,6 @@ exactly as the JAX front end does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import tensorflow as tf
 
@@ -44,19 +43,9 @@ class ForwardView:
 
     def __init__(self, graph: TFGraph):
         self._graph = graph
-        produced = {v for n in range(graph.node_count()) for v in graph.node_outputs(n)}
-        seen: dict[Any, None] = {}
-        for n in range(graph.node_count()):
-            for v in graph.node_inputs(n):
-                if v not in produced:
-                    seen.setdefault(v, None)
-        self._inputs = list(seen)
-
-    def graph_inputs(self) -> list[str]:
-        return self._inputs
 
     def carries_derivative(self, value) -> bool:
-        if self._graph.carries_derivative(value):
+        if self._graph.has_float_dtype(value):
             return True
         t = self._graph.tensors.get(value)
         return t is not None and t.dtype == tf.resource

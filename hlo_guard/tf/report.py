@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.tf.records import BuildRecord
 from hlo_guard.tf.rules import RULES
+from passes.planning import protected_hazards
 from passes.report import OriginRecord, Report, SiteRecord
 
 MEANINGS = {
@@ -77,11 +78,28 @@ def build_report(record: BuildRecord, function: str) -> TFReport:
     )
 
 
-def _guard_record(graph, applied, scope: str, operand, reason: str = "") -> SiteRecord:
+def _protects(analysis, site) -> list[str]:
+    """The singular ops of the dead chain behind a boundary guard, in graph
+    order (:func:`passes.planning.protected_hazards`); ops of nested bodies
+    are not followed here."""
+    found = []
+    for a, node in protected_hazards(analysis, site.node, site.index):
+        if a is not analysis:
+            continue
+        op, loc, _ = _describe(a.graph, a.graph.ops[node].name)
+        found.append(f"{op} at {loc}")
+    return list(dict.fromkeys(found))
+
+
+def _guard_record(
+    graph, applied, scope: str, operand, reason: str = "", analysis=None
+) -> SiteRecord:
     """The report line of one applied guard: an input guard (``operand`` is the
-    guarded input) or a forward-mode output guard (``operand`` None)."""
+    guarded input, ``analysis`` given: it lists what it protects) or a
+    forward-mode output guard (``operand`` None)."""
     site = applied.site
     op, loc, _ = _describe(graph, graph.ops[site.node].name)
+    protects = _protects(analysis, site) if analysis is not None and operand is not None else []
     return SiteRecord(
         "guard",
         op,
@@ -91,6 +109,7 @@ def _guard_record(graph, applied, scope: str, operand, reason: str = "") -> Site
         statically_dead=applied.form == "stop_gradient",
         origins=_origins(graph, site.liveness),
         reason=reason,
+        protects=protects,
     )
 
 
@@ -100,7 +119,15 @@ def _collect(record: BuildRecord, scope: str, sites: list) -> None:
     if graph is None:  # a fallback record: the function was left as it was
         return
     for applied in record.applied:
-        sites.append(_guard_record(graph, applied, scope, operand=applied.site.index))
+        sites.append(
+            _guard_record(
+                graph,
+                applied,
+                scope,
+                operand=applied.site.index,
+                analysis=record.analysis,
+            )
+        )
     for applied in record.output_guards:
         index = applied.site.index
         reason = (

@@ -42,7 +42,7 @@ from hlo_guard.tf.tracing import TracedFunction
 from passes.analysis import Analysis, analyze
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, plan_guards
+from passes.planning import GuardSite, guard_sharing_key, plan_boundary_guards
 from passes.rules import BroadcastOperandRule, MaskRule, implements
 from passes.side_evaluation import evaluate_on_side
 
@@ -128,7 +128,7 @@ class Builder:
         the consumers off (their descendants are recomputed for masks, too)."""
         self.graph = graph
         self.analysis = analysis
-        sites, unguarded = plan_guards(analysis)
+        sites, unguarded = plan_boundary_guards(analysis)
         self.sites: list[GuardSite] = sites
         self.record = BuildRecord(graph, analysis, unguarded=list(unguarded))
         self.original_inputs = [list(op.inputs) for op in graph.ops]
@@ -228,6 +228,9 @@ class Builder:
         """Create every guard, then rewire the consumers (masks first: no
         mask may see a half-rewired graph)."""
         pending = []
+        #: (operand, mask key) -> its select: uses of one tensor whose masks
+        #: the placement knows equal share one guard (``d * d``), as in JAX
+        shared: dict[tuple[str, object], tf.Tensor] = {}
         for site in self.sites:
             x = self.original_inputs[site.node][site.index]
             with tf.name_scope("hlo_guard_guard"):
@@ -244,7 +247,11 @@ class Builder:
                 if mask is NONE:
                     pending.append((site, tf.stop_gradient(x), "stop_gradient"))
                     continue
-                guarded = tf.raw_ops.SelectV2(condition=mask, t=x, e=tf.stop_gradient(x))
+                key = (x.name, guard_sharing_key(self.analysis, site.node, site.index))
+                guarded = shared.get(key)
+                if guarded is None:
+                    guarded = tf.raw_ops.SelectV2(condition=mask, t=x, e=tf.stop_gradient(x))
+                    shared[key] = guarded
                 pending.append((site, guarded, "select"))
         by_node: dict[int, list] = {}
         for site, guarded, form in pending:

@@ -35,6 +35,46 @@ class TFRule(Rule):
     def input_masks(self, mctx, node: int, op, out_masks: list[Any]) -> list[Any]:
         raise NotImplementedError(type(self).__name__)
 
+    #: False: lane-mixing (the default, always safe); True: never mixes;
+    #: "same-shape": lane-local when every differentiable operand has the
+    #: output's shape -- as in the JAX rules, for the boundary placement
+    #: (docs/PLACEMENT.md)
+    lane_local: bool | str = False
+
+    def keeps_lanes_apart(self, analysis, node) -> bool:
+        """Lane-local when the rule class says so and, for ops that broadcast
+        implicitly, every operand that carries a derivative has the output's
+        static shape.  A shape TF does not know at trace time (a ``None``
+        batch dimension) proves nothing -- ``[None]`` may meet ``[1]`` -- so
+        the op then counts as lane-mixing: more guards, never a wrong one."""
+        if not self.lane_local:
+            return False
+        if self.lane_local is True:
+            return True
+        op = analysis.graph.op(node)
+        out = op.outputs[0].shape
+        if len(op.outputs) != 1 or not out.is_fully_defined():
+            return False
+        for i, t in enumerate(op.inputs):
+            if not analysis.graph.carries_derivative(t.name):
+                continue
+            if t.op.type == "Const" or not analysis.use(node, i).reaches_output:
+                continue  # a constant operand's cotangent is read by no one
+            if not t.shape.is_fully_defined() or t.shape != out:
+                return False
+        return True
+
+    def mask_passes_through(self, analysis, node, index) -> bool:
+        """An elementwise op hands an operand of the output's (static, fully
+        known) shape the output's own mask."""
+        if self.kind != "elementwise":
+            return False
+        op = analysis.graph.op(node)
+        if len(op.outputs) != 1:
+            return False
+        x, out = op.inputs[index].shape, op.outputs[0].shape
+        return x.is_fully_defined() and out.is_fully_defined() and x == out
+
     def item_inputs(self, op):
         return op.inputs
 

@@ -24,6 +24,8 @@ op's inputs:
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import tensorflow as tf
 
 from hlo_guard.tf import compat
@@ -61,7 +63,11 @@ class BodyView(TFGraph):
             self.tensors.setdefault(t.name, t)
             self._inexact.setdefault(t.name, _carries(t.dtype))
 
-    def graph_inputs(self) -> list[str]:
+    def graph_inputs(self) -> list[Hashable | None]:
+        return list(self._args)
+
+    @property
+    def arg_names(self) -> list[str]:
         return self._args
 
     def carries_derivative(self, value) -> bool:
@@ -87,7 +93,7 @@ def function_body(op: tf.Operation, name: str, inputs) -> BodyView:
 def analyse_body(fa, body: BodyView, tangents: list[Liveness], where: str):
     """(output tangent liveness, suspect flags) of one body for these input tangents."""
     sub = analyze_forward(body, fa.rules, tangents)
-    seeds = body_seeds(body.graph_inputs(), tangents, [False] * len(tangents), where)
+    seeds = body_seeds(body.arg_names, tangents, [False] * len(tangents), where)
     tainted, _ = tainted_values(body, sub, seeds)
     outs = [sub.value_liveness(v) for v in body.graph_outputs()]
     return outs, [v in tainted for v in body.graph_outputs()]

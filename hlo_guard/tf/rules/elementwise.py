@@ -29,6 +29,7 @@ from passes.masks import ALL
 
 class Elementwise(TFRule):
     kind = "elementwise"
+    lane_local = "same-shape"
 
     def __init__(self, guards: bool):
         self.guards = guards
@@ -80,6 +81,12 @@ class IdentityN(TFRule):
     """
 
     kind = "elementwise"
+
+    def keeps_lanes_apart(self, analysis, node) -> bool:
+        return not _has_custom_gradient(analysis.graph.op(node))
+
+    def mask_passes_through(self, analysis, node, index) -> bool:
+        return False  # output ``index`` is input ``index``: several outputs
 
     def transfer(self, analysis, node, outs):
         op = analysis.graph.op(node)

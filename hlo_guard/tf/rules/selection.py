@@ -47,6 +47,7 @@ def _condition(op, cond: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
 
 class Select(TFRule):
     kind = "selection"
+    lane_local = "same-shape"
 
     def transfer(self, analysis, node, outs):
         out = joined(outs)
@@ -79,6 +80,7 @@ class Select(TFRule):
 
 class MaximumMinimum(TFRule):
     kind = "selection"
+    lane_local = "same-shape"
     guards = True
 
     def __init__(self, x_wins):
@@ -119,6 +121,7 @@ class MaximumMinimum(TFRule):
 
 class ClipByValue(TFRule):
     kind = "selection"
+    lane_local = "same-shape"
 
     def transfer(self, analysis, node, outs):
         lv = dropping(analysis, node, joined(outs))
@@ -158,6 +161,11 @@ class ReduceChooser(TFRule):
     def transfer(self, analysis, node, outs):
         return [dropping(analysis, node, joined(outs)), NO_DERIVATIVE]
 
+    def forward_exit(self, analysis, node, index):
+        # TF's gradient is ``grad * indicators / count``; forward mode
+        # (transposing it) multiplies the tangent of an unchosen lane by 0
+        return index == 0
+
     def input_masks(self, mctx, node, op, out_masks):
         x = mctx.value(op.inputs[0])
         axes = mctx.value(op.inputs[1])
@@ -190,6 +198,7 @@ class ReduceChooser(TFRule):
 
 class Relu(TFRule):
     kind = "selection"
+    lane_local = True
     guards = True
 
     def __init__(self, upper=None):

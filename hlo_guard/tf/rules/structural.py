@@ -303,6 +303,8 @@ class MatMul(Structural):
 class ReshapeLike(Structural):
     """Reshape/ExpandDims/Squeeze/Identity-shaped: the mask is reshaped back."""
 
+    lane_local = True
+
     def input_masks(self, mctx, node, op, out_masks):
         m = out_masks[0]
         masks = [NONE] * len(op.inputs)
@@ -318,6 +320,8 @@ class ReshapeLike(Structural):
 
 
 class Transpose(Structural):
+    lane_local = True
+
     def input_masks(self, mctx, node, op, out_masks):
         m = out_masks[0]
         if is_sentinel(m):
@@ -464,6 +468,11 @@ def _scatter_update_drops(op, i):
 def register(table):
     table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
     table.register("Transpose", Transpose())
+    # a sum's transpose broadcasts each output lane's cotangent to the lanes
+    # it summed, which are dead whenever that output lane is: lane-local
+    summing = Structural()
+    summing.lane_local = True
+    table.register(["Sum", "Mean"], summing)
     same = Structural()
     table.register(
         [
@@ -475,8 +484,6 @@ def register(table):
             "MirrorPad",
             "Reverse",
             "ReverseV2",
-            "Sum",
-            "Mean",
             "Cumsum",
             "BiasAdd",
             "BiasAddV1",

@@ -1,0 +1,146 @@
+"""The TF front end on the boundary placement (docs/PLACEMENT.md).
+
+The guards sit where a dead region meets live computation, as a hand-written
+double where does, and share one select per (tensor, mask).  Oracles: the
+hand-written double where under the same XLA compilation, and per-lane math.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_tf_support import assert_same, xla_grads
+
+import hlo_guard.tf as hg
+
+
+def guard_selects(guarded, *args) -> int:
+    """The guard selects in the guarded function's graph for these arguments."""
+    graph = guarded.get_concrete_function(*args).graph
+    return sum(
+        1
+        for op in graph.get_operations()
+        if op.type == "SelectV2"
+        and "hlo_guard_guard" in op.name
+        and "hlo_guard_shadow" not in op.name  # the user's own where, copied for a mask
+    )
+
+
+def chain(x):
+    return tf.where(x > 0, tf.math.log(tf.sqrt(x)) * x**1.5 + 1.0 / x, 0.0)
+
+
+def chain_oracle(x):
+    s = tf.where(x > 0, x, 1.0)
+    return tf.where(x > 0, tf.math.log(tf.sqrt(s)) * s**1.5 + 1.0 / s, 0.0)
+
+
+X = [-1.0, 0.0, 0.5, 2.0]
+
+
+def test_lane_wise_chain_gets_one_select_where_x_enters():
+    g = hg.guard(chain)
+    x = tf.constant(X)
+    assert_same(xla_grads(g, x)[0], xla_grads(chain_oracle, x)[0])
+    assert guard_selects(g, x) == 1
+    (site, *_) = hg.report(g, x).guards
+    assert {p.split()[0] for p in site.protects} >= {"Sqrt", "Log"}
+
+
+def second_derivative(fn, x):
+    @tf.function(jit_compile=True)
+    def run(x):
+        with tf.GradientTape() as outer:
+            outer.watch(x)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                y = tf.reduce_sum(fn(x))
+            g = inner.gradient(y, x)
+        return outer.gradient(g, x)
+
+    return run(x).numpy()
+
+
+def jvp(fn, x, jit=True):
+    @tf.function(jit_compile=jit)
+    def run(x):
+        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
+            y = fn(x)
+        return acc.jvp(y)
+
+    return run(x).numpy()
+
+
+def test_chain_second_derivative_and_forward_mode_equal_the_double_where():
+    x = tf.constant(X)
+    g = hg.guard(chain)
+    assert_same(second_derivative(g, x), second_derivative(chain_oracle, x))
+    assert_same(jvp(g, x), jvp(chain_oracle, x))
+
+
+def test_join_of_a_live_and_a_dead_read():
+    def fn(x):
+        return tf.reduce_sum(x**2) + tf.reduce_sum(tf.where(x > 0, tf.sqrt(x), 0.0))
+
+    def oracle(x):
+        s = tf.where(x > 0, x, 1.0)
+        return tf.reduce_sum(x**2) + tf.reduce_sum(tf.where(x > 0, tf.sqrt(s), 0.0))
+
+    x = tf.constant(X)
+    (plain,) = xla_grads(fn, x)
+    assert np.isnan(plain).any()
+    assert_same(xla_grads(hg.guard(fn), x)[0], xla_grads(oracle, x)[0])
+
+
+def pair_energy(where_r2):
+    def fn(pos):
+        d = pos[:, None, :] - pos[None, :, :]
+        r2 = tf.reduce_sum(d * d, axis=-1)
+        off = r2 > 0
+        s = tf.where(off, r2, 1.0) if where_r2 else r2
+        inv6 = 1.0 / (s * s * s)
+        return tf.reduce_sum(tf.where(off, inv6 * inv6 - inv6, 0.0))
+
+    return fn
+
+
+def test_pair_energy_as_the_hand_double_where():
+    """Lennard-Jones shape: the diagonal pairs are at distance 0."""
+    pos = tf.constant(np.random.default_rng(0).normal(size=(5, 3)), tf.float32)
+    fn = pair_energy(False)
+    (plain,) = xla_grads(fn, pos)
+    assert np.isnan(plain).all()
+    g = hg.guard(fn)
+    assert_same(xla_grads(g, pos)[0], xla_grads(pair_energy(True), pos)[0], rtol=1e-5)
+    # the hazard placement guarded each of the chain's products and quotients
+    assert guard_selects(g, pos) <= 2
+
+
+def test_unknown_batch_dimension_is_guarded_conservatively():
+    """With a ``None`` dimension no op can be proven lane-local: more guards,
+    the same gradient."""
+    g = hg.guard(chain, input_signature=[tf.TensorSpec([None], tf.float32)])
+    x = tf.constant(X)
+    assert_same(xla_grads(g, x)[0], xla_grads(chain_oracle, x)[0])
+    assert guard_selects(g, x) >= 1
+
+
+def test_reduce_max_is_a_forward_mode_exit():
+    """TF's ``Max`` gradient multiplies by an indicator: forward mode carries
+    ``log'(0) * 0`` into the result unless the unchosen lane is selected."""
+
+    def fn(x):
+        return tf.reduce_max(tf.stack([tf.math.log(x), tf.zeros_like(x)]), axis=0)
+
+    x = tf.constant([0.0, 0.5, 2.0])
+    assert np.isnan(jvp(fn, x)).any()
+    for jit in (False, True):
+        # per lane: max(log x, 0) follows log only where log x > 0
+        np.testing.assert_allclose(jvp(hg.guard(fn), x, jit), [0.0, 0.0, 0.5])
+
+
+@pytest.mark.parametrize("shape", [[4], [2, 4]])
+def test_scalar_constant_operands_do_not_make_an_op_mix_lanes(shape):
+    """``x ** 1.5`` and ``1 / x`` read a scalar ``Const``: still lane-local,
+    so the chain keeps its single select."""
+    x = tf.reshape(tf.constant(X * (int(np.prod(shape)) // 4)), shape)
+    assert guard_selects(hg.guard(chain), x) == 1
