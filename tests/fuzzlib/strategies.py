@@ -105,10 +105,12 @@ def _leafish(draw, n):
 
 
 @st.composite
-def nodes(draw, n, depth):
+def nodes(draw, n, depth, unary=None):
+    """``unary``: the elementwise ops to draw from (default: all of UNARY; a
+    front end without some op passes its own list)."""
     if depth <= 0 or draw(st.integers(0, 7)) == 0:
         return _leafish(draw, n)
-    sub = lambda m: draw(nodes(m, depth - 1))  # noqa: E731
+    sub = lambda m: draw(nodes(m, depth - 1, unary))  # noqa: E731
     kinds = (
         ["unary"] * 4
         + ["binary"] * 3
@@ -121,7 +123,7 @@ def nodes(draw, n, depth):
     )
     kind = draw(st.sampled_from(kinds))
     if kind == "unary":
-        return Unary(draw(st.sampled_from(sorted(UNARY))), sub(n))
+        return Unary(draw(st.sampled_from(sorted(unary or UNARY))), sub(n))
     if kind == "binary":
         a, b = sub(_operand_length(draw, n)), sub(_operand_length(draw, n))
         if a.length != n and b.length != n:  # two broadcast operands would make length 1
@@ -163,6 +165,6 @@ def nodes(draw, n, depth):
 
 
 @st.composite
-def programs(draw, max_depth=4):
+def programs(draw, max_depth=4, unary=None):
     n = draw(st.sampled_from([N, N, N, 1, 2, 3, 5]))
-    return draw(nodes(n, draw(st.integers(1, max_depth))))
+    return draw(nodes(n, draw(st.integers(1, max_depth)), unary))

@@ -1,0 +1,119 @@
+"""Differential fuzzing of the TF front end: random programs, guarded, under
+XLA, against a per-lane oracle.
+
+The trees are the JAX fuzzer's (:mod:`fuzzlib.program`, drawn by
+:mod:`fuzzlib.strategies` from the ops TF has), interpreted with TF ops
+(:mod:`fuzzlib.tf_programs`).  For each: (1) the guarded forward values under
+XLA are bitwise the plain ones, (2) the guarded XLA gradient equals the
+lane-by-lane eager oracle in which an unselected branch never runs, and
+(3) a lane where the oracle's derivative is non-finite (a taken-path
+singularity) stays non-finite.  This is what holds the boundary placement to
+its proof on the TF side (docs/PLACEMENT.md).
+
+``make test`` runs a small deterministic sample (``HLO_GUARD_TF_FUZZ_EXAMPLES``,
+default 25); ``make fuzz`` runs more.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from fuzzlib.checks import assert_bitwise_equal, assert_grads_match, describe
+from fuzzlib.program import Binary, Const, Gather, Leaf, SetAt, Unary, Where
+from fuzzlib.strategies import input_vectors, programs
+from fuzzlib.tf_programs import TF_UNARY, NotComparable, as_function, oracle_grads
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from test_tf_support import xla_forward
+
+import hlo_guard.tf as hg
+
+EXAMPLES = int(os.environ.get("HLO_GUARD_TF_FUZZ_EXAMPLES", "25"))
+#: shrinking a failure retraces TF functions for minutes: on request only
+SEED = os.environ.get("HLO_GUARD_TF_FUZZ_SEED")  # explore another random stream
+SHRINK = os.environ.get("HLO_GUARD_TF_FUZZ_SHRINK", "") not in ("", "0")
+
+
+def xla_grads(fn, x, y):
+    """d(sum of fn)/d(x, y) under XLA; an input the program never reads has
+    a zero gradient (as in the oracle)."""
+
+    @tf.function(jit_compile=True)
+    def run(x, y):
+        with tf.GradientTape() as tape:
+            tape.watch([x, y])
+            total = tf.reduce_sum(fn(x, y))
+        grads = tape.gradient(total, [x, y], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return [tf.convert_to_tensor(g) for g in grads]  # a gather's IndexedSlices
+
+    return [g.numpy() for g in run(tf.constant(x), tf.constant(y))]
+
+
+def check_tf_program(root, x, y, guard=hg.guard):
+    """Every check on one program; AssertionError naming the failure.
+    ``guard=lambda f: f`` checks plain TF (which must fail on leaking programs)."""
+    try:
+        plain = as_function(root)
+        guarded = guard(plain)
+        assert_bitwise_equal(
+            xla_forward(guarded, x, y).numpy(), xla_forward(plain, x, y).numpy(), "XLA forward"
+        )
+        try:
+            ox, oy = oracle_grads(root, x, y)
+        except NotComparable:
+            return "not comparable"
+        gx, gy = xla_grads(guarded, x, y)
+        assert_grads_match(gx, ox, "XLA grad wrt x")
+        assert_grads_match(gy, oy, "XLA grad wrt y")
+        for got, want, name in ((gx, ox, "x"), (gy, oy, "y")):
+            hidden = ~np.isfinite(want) & np.isfinite(got)
+            assert not hidden.any(), (
+                f"guard hid a taken-path singularity in d/d{name} lanes {np.flatnonzero(hidden)}"
+            )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe(root, x, y)}") from None
+    return "checked"
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=SEED is None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    phases=list(Phase) if SHRINK else [Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(root=programs(max_depth=3, unary=sorted(TF_UNARY)), x=input_vectors(), y=input_vectors())
+@(seed(int(SEED)) if SEED is not None else (lambda t: t))
+def test_guarded_tf_program_matches_lane_oracle(root, x, y):
+    check_tf_program(root, x, y)
+
+
+# -- the checks themselves can fail -----------------------------------------------------
+
+X = np.array([0.0, -1.0, 4.0, 0.25], np.float32)
+Y = np.array([1.0, 0.0, -2.0, 9.0], np.float32)
+
+#: programs whose plain TF gradient under XLA has a dead-lane NaN at (X, Y)
+LEAKING = {
+    "where-sqrt": Where("gt", Leaf("x"), Const(0.0, 4), Unary("sqrt", Leaf("x")), Const(0.0, 4)),
+    "where-log-chain": Where(
+        "gt",
+        Leaf("x"),
+        Const(0.0, 4),
+        Binary("mul", Unary("log", Unary("sqrt", Leaf("x"))), Leaf("x")),
+        Const(0.0, 4),
+    ),
+    "setat-log": SetAt(Unary("log", Leaf("x")), (0, 1), Const(0.0, 1)),
+    "gather-rsqrt": Gather(Unary("rsqrt", Leaf("y")), (0, 2, 3)),
+}
+# (TF's own Maximum/Minimum gradients select, so clip and maximum do not leak
+# in reverse mode: they are left to the random programs)
+
+
+@pytest.mark.parametrize("name", sorted(LEAKING))
+def test_leaking_program_is_caught_unguarded_and_fixed_guarded(name):
+    root = LEAKING[name]
+    with pytest.raises(AssertionError):
+        check_tf_program(root, X, Y, guard=lambda f: f)
+    assert check_tf_program(root, X, Y) == "checked"
