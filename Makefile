@@ -55,6 +55,7 @@ format: $(STAMP)
 
 fuzz: $(STAMP)
 	HLO_GUARD_FUZZ_EXAMPLES=2000 $(PY) -m pytest -q tests/test_fuzz.py
+	HLO_GUARD_TF_FUZZ_EXAMPLES=300 $(PY) -m pytest -q tests/test_tf_fuzz.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

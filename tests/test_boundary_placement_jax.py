@@ -237,3 +237,41 @@ def test_broadcasting_jnp_op_is_placed_with_its_caller():
     pos = jnp.array([[0.0, 0.0], [1.0, 0.5], [2.0, -1.0]])
     assert _guard_selects(pair, pos) == 1
     np.testing.assert_allclose(jax.grad(guard(pair))(pos), jax.grad(pair_oracle)(pos), rtol=1e-6)
+
+
+def dist_angle(p, q):
+    d = q - p
+    r = jnp.sqrt(jnp.sum(d * d, axis=-1))
+    c = jnp.where(r > 0, d[:, 0] / r, 1.0)
+    return jnp.where(r > 0, r + jnp.arccos(jnp.clip(c, -1.0, 1.0)), 0.0)
+
+
+def dist_angle_oracle(p, q):
+    d = q - p
+    r2 = jnp.sum(d * d, axis=-1)
+    pos = r2 > 0
+    r = jnp.sqrt(jnp.where(pos, r2, 1.0))
+    c = jnp.where(pos, d[:, 0] / r, 1.0)
+    return jnp.where(pos, r + jnp.arccos(jnp.clip(c, -1.0, 1.0)), 0.0)
+
+
+def test_distance_and_angle_lists_a_handful_of_guards_each_with_its_chain():
+    """Issue 17 item 4: the hazard placement listed 18 guard sites for this
+    kind of four-line function; the boundary placement lists a handful, each
+    reverse-mode guard naming the singular ops of the chain it protects."""
+    from hlo_guard import explain
+
+    p = jnp.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    q = jnp.array([[0.0, 0.0, 0.0], [2.0, 2.0, 1.0], [1.0, -1.0, 0.5]])
+    loss = lambda f: lambda p, q: jnp.sum(f(p, q))  # noqa: E731
+    for argnums in (0, 1):
+        got = jax.grad(loss(guard(dist_angle)), argnums)(p, q)
+        want = jax.grad(loss(dist_angle_oracle), argnums)(p, q)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert np.isfinite(np.asarray(got)).all()
+    sites = explain(dist_angle, p, q).guards
+    assert len(sites) <= 8
+    reverse = [s for s in sites if s.mode == "reverse"]
+    assert reverse and all(s.protects for s in reverse)
+    protected = {p.split()[0] for s in reverse for p in s.protects}
+    assert {"sqrt", "div", "acos"} <= protected
