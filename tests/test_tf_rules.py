@@ -263,3 +263,61 @@ def test_guarded_mlp_gradient_has_no_extra_dots():
     assert all(np.isfinite(g).all() for g in got)
     assert dots(plain) > 0
     assert dots(guarded) <= dots(plain)
+
+
+SUM_CASES = [(-1, True), (0, False), ((0, 1), False), (None, True), (1, False)]
+
+
+@pytest.mark.parametrize("reduce", [tf.reduce_sum, tf.reduce_mean], ids=["sum", "mean"])
+@pytest.mark.parametrize("axis,keepdims", SUM_CASES)
+def test_sum_and_mean_send_a_result_lanes_mask_to_the_lanes_it_summed(reduce, axis, keepdims):
+    """Reverse: a summed lane is dead iff its result lane is (the direct
+    ``Summing`` masks, no gradient probe), against the double where built
+    from the plain program's own values."""
+    x = np.array([[0.0, -1.0, 0.0], [1.0, 4.0, 9.0], [0.0, 0.0, 0.0]], np.float32)
+
+    def fn(x):
+        s = reduce(tf.sqrt(x), axis=axis, keepdims=keepdims)
+        return tf.where(s > 1.0, s, 0.0)
+
+    s = reduce(tf.sqrt(x), axis=axis, keepdims=True).numpy()
+    keep = np.broadcast_to(s > 1.0, x.shape)
+
+    def oracle(x):
+        s = reduce(tf.sqrt(tf.where(keep, x, 1.0)), axis=axis, keepdims=keepdims)
+        return tf.where(s > 1.0, s, 0.0)
+
+    (plain,) = xla_grads(fn, tf.constant(x))
+    assert not np.isfinite(plain).all()
+    (want,) = xla_grads(oracle, tf.constant(x))
+    (got,) = xla_grads(hg.guard(fn), tf.constant(x))
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("reduce", [tf.reduce_sum, tf.reduce_mean], ids=["sum", "mean"])
+@pytest.mark.parametrize("axis,keepdims", SUM_CASES)
+def test_sum_and_mean_tangent_is_live_where_a_summed_lane_is(reduce, axis, keepdims):
+    """Forward: a result lane whose summed lanes all took the constant branch
+    has a structurally zero tangent; ``sqrt'(0)`` must not turn it into NaN."""
+    x = tf.constant([[0.0, -1.0, 0.0], [1.0, 4.0, 0.0], [-2.0, 0.0, 0.0]])
+
+    def fn(x):
+        return tf.sqrt(reduce(tf.where(x > 0, x, 0.0), axis=axis, keepdims=keepdims))
+
+    def oracle(x):
+        s = reduce(tf.where(x > 0, x, 0.0), axis=axis, keepdims=keepdims)
+        live = tf.reduce_any(x > 0, axis=axis, keepdims=keepdims)
+        return tf.where(live, tf.sqrt(tf.where(live, s, 1.0)), tf.sqrt(tf.stop_gradient(s)))
+
+    def jvp(f):
+        @tf.function(jit_compile=True)
+        def run(x):
+            with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
+                y = f(x)
+            return acc.jvp(y)
+
+        return run(x).numpy()
+
+    if axis not in (None, (0, 1)):  # a total sum has a live lane: nothing leaks
+        assert not np.isfinite(jvp(fn)).all()
+    assert_same(jvp(hg.guard(fn)), jvp(oracle))

@@ -319,6 +319,32 @@ class ReshapeLike(Structural):
         return [m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.outputs[0])))]
 
 
+class Summing(Structural):
+    """``Sum``/``Mean``: a summed lane is live iff its result lane is.  The
+    output mask is reshaped to the kept shape and broadcast back -- the same
+    answer as probing TF's gradient of the sum, without building a gradient
+    graph per mask (which cost most of a first call's guard time).  Lane-local:
+    a sum's transpose sends each result lane's cotangent only to the lanes it
+    summed, which are dead whenever it is."""
+
+    lane_local = True
+
+    def input_masks(self, mctx, node, op, out_masks):
+        m = out_masks[0]
+        if is_sentinel(m):
+            return [m, NONE]
+        x = mctx.value(op.inputs[0])
+        kept = compat.reduced_shape(tf.shape(x), mctx.value(op.inputs[1]))
+        return [normalize(tf.broadcast_to(tf.reshape(m, kept), tf.shape(x))), NONE]
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        m = in_masks[0]
+        if is_sentinel(m):
+            return [m]
+        keep = op.get_attr("keep_dims")
+        return [normalize(tf.reduce_any(m, axis=mctx.value(op.inputs[1]), keepdims=keep))]
+
+
 class Transpose(Structural):
     lane_local = True
 
@@ -468,11 +494,7 @@ def _scatter_update_drops(op, i):
 def register(table):
     table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
     table.register("Transpose", Transpose())
-    # a sum's transpose broadcasts each output lane's cotangent to the lanes
-    # it summed, which are dead whenever that output lane is: lane-local
-    summing = Structural()
-    summing.lane_local = True
-    table.register(["Sum", "Mean"], summing)
+    table.register(["Sum", "Mean"], Summing())
     same = Structural()
     table.register(
         [
