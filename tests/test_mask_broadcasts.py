@@ -153,6 +153,11 @@ LAYOUT_CASES = [
     ("transpose", lambda x: jnp.transpose(x, (2, 0, 1)), (2, 3, 4)),
     ("broadcast_in_dim", lambda x: lax.broadcast_in_dim(x, (2, 5, 3, 4), (0, 2, 3)), (2, 1, 4)),
     ("reduce_sum", lambda x: jnp.sum(x, axis=(0, 2)), (2, 3, 4)),
+    ("slice", lambda x: lax.slice(x, (0, 1, 1), (2, 3, 4), (1, 1, 2)), (2, 3, 4)),
+    ("slice_empty", lambda x: lax.slice(x, (0, 1, 1), (2, 1, 4)), (2, 3, 4)),
+    ("pad", lambda x: lax.pad(x, 0.0, ((1, 0, 0), (0, 2, 1), (0, 0, 0))), (2, 3, 4)),
+    ("cumsum", lambda x: jnp.cumsum(x, axis=1), (2, 3, 4)),
+    ("cumsum_reverse", lambda x: lax.cumsum(x, axis=2, reverse=True), (2, 3, 4)),
 ]
 
 
@@ -176,9 +181,62 @@ def test_layout_rule_masks_equal_the_transposed_float_mask(name, op, shape):
     via_floats = [
         e.primitive.name
         for e in jaxpr.eqns
-        if e.primitive.name == "convert_element_type" and e.invars[0].aval.dtype == np.bool_
+        if e.primitive.name == "convert_element_type"
+        and e.invars[0].aval.dtype == np.bool_
+        and jnp.issubdtype(e.outvars[0].aval.dtype, jnp.inexact)
     ]
     assert not via_floats, "the mask went through a float array"
+
+
+@pytest.mark.parametrize("name,op,shape", LAYOUT_CASES, ids=[c[0] for c in LAYOUT_CASES])
+def test_layout_rule_tangent_masks_equal_the_pushed_float_mask(name, op, shape):
+    """Forward mode: ``sqrt(op(where(x > 0.5, x, 0)))`` at lanes whose
+    tangent is structurally zero must have tangent 0, not ``sqrt'(0) * 0``;
+    the oracle's live lanes come from JAX's own JVP of ``op`` on the float
+    mask."""
+    x = jnp.asarray(RNG.random(shape) * (RNG.random(shape) > 0.3), jnp.float32)
+
+    def f(x):
+        return jnp.sqrt(op(jnp.where(x > 0.5, x, 0.0)))
+
+    tangent_live = np.asarray(jax.jvp(op, (jnp.zeros(shape),), ((x > 0.5).astype(x.dtype),))[1])
+    live = tangent_live != 0
+
+    def oracle(x):
+        y = op(jnp.where(x > 0.5, x, 0.0))
+        return jnp.where(live, jnp.sqrt(jnp.where(live, y, 1.0)), jnp.sqrt(lax.stop_gradient(y)))
+
+    ones = (jnp.ones(shape),)
+    want = np.asarray(jax.jvp(oracle, (x,), ones)[1])
+    got = np.asarray(jax.jvp(guard(f), (x,), ones)[1])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumprod_masks_have_the_lane_structure_of_cumsum(reverse):
+    """``cumprod`` reads the lanes ``cumsum`` reads (its masks are
+    ``cumsum``'s); its derivative multiplies, so JAX's VJP of ``cumprod`` at
+    a probe point is no oracle for liveness: ``cumsum``'s is."""
+    shape = (3, 5)
+    x = jnp.asarray(RNG.random(shape) * (RNG.random(shape) > 0.3) + 0.0, jnp.float32)
+    m = jnp.asarray(RNG.random(shape) > 0.6)
+
+    def f(x, m):
+        return jnp.sum(jnp.where(m, lax.cumprod(jnp.sqrt(x), axis=1, reverse=reverse), 0.0))
+
+    summing = lambda z: lax.cumsum(z, axis=1, reverse=reverse)  # noqa: E731
+    live = np.asarray(jax.vjp(summing, jnp.zeros(shape))[1](m.astype(jnp.float32))[0]) != 0
+
+    def oracle(x):
+        safe = jnp.where(live, x, 1.0)
+        inner = jnp.where(live, jnp.sqrt(safe), jnp.sqrt(jax.lax.stop_gradient(x)))
+        return jnp.sum(jnp.where(m, lax.cumprod(inner, axis=1, reverse=reverse), 0.0))
+
+    assert not np.isfinite(np.asarray(jax.grad(f)(x, m))).all()
+    got = np.asarray(jax.grad(guard(f))(x, m))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(np.asarray(jax.grad(oracle)(x))))
+    np.testing.assert_allclose(got, np.asarray(jax.grad(oracle)(x)), rtol=1e-6)
 
 
 def f_oracle(op, x, m):
@@ -200,3 +258,24 @@ def test_guarded_jaxpr_captures_no_activation_sized_constants():
     closed = jax.make_jaxpr(guard(f))(x)
     big = [c.shape for c in closed.consts if np.size(c) > 1]
     assert not big, big
+
+
+@pytest.mark.parametrize("pad_lane_live", [False, True])
+def test_pad_value_is_live_iff_a_padding_lane_is(pad_lane_live):
+    """``pad``'s padding value is read by every padding lane: its mask is
+    "any padding lane live" (the direct rule), checked against the per-lane
+    answer: ``sqrt'(0)`` of a padding value no live lane reads gives 0, of
+    one a live lane reads gives inf."""
+    config = ((1, 1, 1),)
+    x = jnp.array([4.0, 0.0, 9.0])  # padded: [v, 4, v, 0, v, 9, v]
+    m = np.array([False, True, False, False, False, True, False])
+    m[2] = pad_lane_live
+
+    def f(x, v):
+        return jnp.sum(jnp.where(m, jnp.sqrt(lax.pad(x, v, config)), 0.0))
+
+    gx, gv = jax.grad(guard(f), argnums=(0, 1))(x, jnp.float32(0.0))
+    np.testing.assert_allclose(gx, [0.25, 0.0, 1.0 / 6.0])
+    assert np.isposinf(gv) if pad_lane_live else gv == 0.0
+    _, pv = jax.grad(f, argnums=(0, 1))(x, jnp.float32(0.0))
+    assert not np.isfinite(pv)  # the plain program: inf (live) or 0 * inf (dead)

@@ -23,7 +23,7 @@ from fuzzlib.checks import assert_bitwise_equal, assert_grads_match, describe
 from fuzzlib.program import Binary, Const, Gather, Leaf, SetAt, Unary, Where
 from fuzzlib.strategies import input_vectors, programs
 from fuzzlib.tf_programs import TF_UNARY, NotComparable, as_function, oracle_grads
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
 from test_tf_support import xla_forward
 
 import hlo_guard.tf as hg
@@ -95,7 +95,7 @@ def check_tf_program(root, x, y, guard=hg.guard):
 @given(root=programs(max_depth=3, unary=sorted(TF_UNARY)), x=input_vectors(), y=input_vectors())
 @(seed(int(SEED)) if SEED is not None else (lambda t: t))
 def test_guarded_tf_program_matches_lane_oracle(root, x, y):
-    check_tf_program(root, x, y)
+    event(check_tf_program(root, x, y))  # `pytest --hypothesis-show-statistics`: how many compared
 
 
 # -- the checks themselves can fail -----------------------------------------------------

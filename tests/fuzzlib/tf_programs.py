@@ -19,6 +19,8 @@ Ties follow TF's own gradient conventions, on a tie both sides being live:
 * ``max``/``min`` reductions share the derivative equally among the lanes
   equal to the result (TF's ``indicators / count``).  With a NaN among the
   lanes TF's own rule divides 0 by 0: such programs are not compared.
+* a NaN reaching ``maximum``/``minimum``/clip: XLA's fast CPU min/max may
+  keep or drop it, differently in two compilations; not compared either.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from fuzzlib.program import (
     Slice,
     Unary,
     Where,
+    children,
 )
 
 #: the UNARY ops of fuzzlib.program that TF has (``cbrt`` has no TF op)
@@ -240,10 +243,30 @@ class _Lanes:
         raise TypeError(type(node).__name__)
 
 
+def _nan_meets_min_max(root, decisions) -> bool:
+    """A NaN among the operands of a ``maximum``/``minimum``/clip.  XLA's CPU
+    min/max (``xla_cpu_enable_fast_min_max``, on in TF) may return the NaN or
+    the other operand, and not the same way in two compilations: the plain
+    and the guarded program may then route the gradient differently, and no
+    per-lane answer speaks for both."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(children(node))
+        is_choice = isinstance(node, Clip) or (
+            isinstance(node, Binary) and node.op in ("maximum", "minimum")
+        )
+        if is_choice and any(np.isnan(np.asarray(v)).any() for v in decisions[id(node)]):
+            return True
+    return False
+
+
 def oracle_grads(root, x: np.ndarray, y: np.ndarray):
     """d(sum of lanes)/d(x, y), each lane differentiated (eager TF) only
     through what its per-lane ``if`` evaluation computed."""
     decisions = decisions_of(root, x, y)
+    if _nan_meets_min_max(root, decisions):
+        raise NotComparable("a NaN meets maximum/minimum under XLA (fast min/max)")
     scalars = [tf.constant(v, x.dtype) for v in list(x) + list(y)]
     with tf.GradientTape() as tape:
         for s in scalars:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from jax import lax
 
 import passes.rules as passes_rules
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
@@ -343,14 +344,18 @@ class _BoolLayout(Structural):
 
     def input_masks(self, mctx, node, eqn, out_masks):
         out = out_masks[0]
-        if not self._direct(eqn) or out is ALL or out is NONE:
+        if not self._direct(eqn) or out is NONE:
             return super().input_masks(mctx, node, eqn, out_masks)
+        if out is ALL:  # a static all-true mask: numpy, no probe traced
+            out = np.ones(aval_shape(eqn.outvars[0]), bool)
         return [normalize(self.pull(eqn, xp(out), out))]
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         m = in_masks[0]
-        if not self._direct(eqn) or m is ALL or m is NONE:
+        if not self._direct(eqn) or m is NONE:
             return super().forward_masks(mctx, node, eqn, in_masks)
+        if m is ALL:
+            m = np.ones(aval_shape(eqn.invars[0]), bool)
         return [normalize(self.push(eqn, xp(m), m))]
 
     def pull(self, eqn, m, out):
@@ -426,6 +431,129 @@ class _ReduceSum(_BoolLayout):
 
     def push(self, eqn, m, mask):
         return m.any(mask, axis=tuple(eqn.params["axes"]))
+
+
+class _Slice(_BoolLayout):
+    """``slice``: an output lane reads one input lane; the others are dropped.
+    Pulled back, the mask is padded with False (strides as interior
+    padding); pushed forward, it is sliced."""
+
+    @staticmethod
+    def _spec(eqn):
+        shape = aval_shape(eqn.invars[0])
+        strides = eqn.params.get("strides") or (1,) * len(shape)
+        return (
+            shape,
+            tuple(eqn.params["start_indices"]),
+            tuple(eqn.params["limit_indices"]),
+            strides,
+        )
+
+    def pull(self, eqn, m, out):
+        shape, start, limit, strides = self._spec(eqn)
+        if m is np:
+            found = np.zeros(shape, bool)
+            found[tuple(slice(a, b, c) for a, b, c in zip(start, limit, strides))] = out
+            return found
+        config = []
+        for n, a, k, st in zip(shape, start, np.shape(out), strides):
+            covered = (k - 1) * st + 1 if k else 0
+            config.append((a if k else 0, n - a - covered if k else n, st - 1 if k else 0))
+        return lax.pad(out, np.bool_(False), config)
+
+    def push(self, eqn, m, mask):
+        _, start, limit, strides = self._spec(eqn)
+        if m is np:
+            return mask[tuple(slice(a, b, c) for a, b, c in zip(start, limit, strides))]
+        return lax.slice(mask, start, limit, strides)
+
+
+class _Pad(Structural):
+    """``pad`` with non-negative padding: an operand lane lands on one output
+    lane, and the padding value fills the rest.  Pulled back, the operand's
+    mask is a strided slice of the output's and the padding value's is "any
+    padding lane live"; pushed forward, the masks are padded together.
+    Negative padding (which crops) takes the generic rule."""
+
+    @staticmethod
+    def _direct(eqn) -> bool:
+        config = eqn.params["padding_config"]
+        return all(lo >= 0 and hi >= 0 for lo, hi, _ in config) and 0 in diff_indices(eqn)
+
+    @staticmethod
+    def _operand_slices(eqn):
+        config = eqn.params["padding_config"]
+        shape = aval_shape(eqn.invars[0])
+        return [
+            slice(lo, lo + (n - 1) * (inner + 1) + 1 if n else lo, inner + 1)
+            for (lo, _, inner), n in zip(config, shape)
+        ]
+
+    def _padding_lanes(self, eqn) -> np.ndarray:
+        lanes = np.ones(aval_shape(eqn.outvars[0]), bool)
+        lanes[tuple(self._operand_slices(eqn))] = False
+        return lanes
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        out = out_masks[0]
+        if not self._direct(eqn) or out is ALL or out is NONE:
+            return super().input_masks(mctx, node, eqn, out_masks)
+        m = xp(out)
+        if m is np:
+            operand = np.asarray(out)[tuple(self._operand_slices(eqn))]
+        else:
+            sl = self._operand_slices(eqn)
+            operand = lax.slice(
+                out,
+                tuple(s.start for s in sl),
+                tuple(s.start if n == 0 else s.stop for s, n in zip(sl, aval_shape(eqn.invars[0]))),
+                tuple(s.step for s in sl),
+            )
+        value = NONE
+        if 1 in diff_indices(eqn):
+            value = m.any(m.logical_and(out, self._padding_lanes(eqn)))
+        return [normalize(operand), normalize(value) if value is not NONE else NONE]
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        op_mask = in_masks[0]
+        value = in_masks[1] if 1 in diff_indices(eqn) else NONE
+        if not self._direct(eqn) or (op_mask is value and (value is ALL or value is NONE)):
+            return super().forward_masks(mctx, node, eqn, in_masks)
+        shape = aval_shape(eqn.invars[0])
+        if op_mask is ALL or op_mask is NONE:
+            op_mask = np.full(shape, op_mask is ALL)
+        if value is ALL or value is NONE:
+            value = np.bool_(value is ALL)
+        if xp(op_mask, value) is np:
+            out = np.full(aval_shape(eqn.outvars[0]), bool(value))
+            out[tuple(self._operand_slices(eqn))] = op_mask
+            return [normalize(out)]
+        config = [(lo, hi, inner) for lo, hi, inner in eqn.params["padding_config"]]
+        return [normalize(lax.pad(op_mask, value, config))]
+
+
+class _Cumulative(_BoolLayout):
+    """``cumsum`` (and, by the same lane structure, ``cumprod``,
+    ``cumlogsumexp``, ``cummax``, ``cummin``): output lane ``j`` reads the
+    input lanes up to ``j`` (from ``j`` on when ``reverse``).  An input lane
+    is live iff a later (earlier) output lane is: a cumulative OR in the
+    other direction; forward, a cumulative OR in the same one."""
+
+    @staticmethod
+    def _cumulative_or(m, mask, axis: int, reverse: bool):
+        if m is np:
+            flip = (lambda a: np.flip(a, axis)) if reverse else (lambda a: a)
+            return flip(np.logical_or.accumulate(flip(np.asarray(mask)), axis=axis))
+        as_int = lax.convert_element_type(mask, np.int8)
+        return lax.ne(lax.cummax(as_int, axis=axis, reverse=reverse), np.int8(0))
+
+    def pull(self, eqn, m, out):
+        p = eqn.params
+        return self._cumulative_or(m, out, p["axis"], not p["reverse"])
+
+    def push(self, eqn, m, mask):
+        p = eqn.params
+        return self._cumulative_or(m, mask, p["axis"], p["reverse"])
 
 
 def _transpose(m, mask, perm):
@@ -510,19 +638,19 @@ def register(table):
         [
             "rev",
             "concatenate",
-            "cumsum",
             "tile",
             "stack",
         ],
         same,
     )
-    table.register("slice", Structural(_slice_drops))
+    table.register("cumsum", _Cumulative())
+    table.register("slice", _Slice(_slice_drops))
     table.register("dynamic_slice", Structural(_dynamic_slice_drops))
     table.register("dynamic_update_slice", Structural(_first_operand_drops))
     table.register("gather", Structural(_always))
     table.register(["scatter-add", "scatter-sub"], Structural(lambda eqn, i: i != 0))
     table.register("scatter", Structural(_always))
-    table.register("pad", Structural(_pad_drops))
+    table.register("pad", _Pad(_pad_drops))
     table.register(["split", "unstack"], Structural(_always))
     table.register("reduce_window_sum", Structural(_always))
     # value-dependent selections whose JAX derivative gathers/scatters (exact zeros)
@@ -533,7 +661,7 @@ def register(table):
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register(["reduce_prod"], Structural(guards=True, seed=_as_reduce_sum))
     table.register(
-        ["cumprod", "cumlogsumexp", "cummax", "cummin"], Structural(guards=True, seed=_as_cumsum)
+        ["cumprod", "cumlogsumexp", "cummax", "cummin"], _Cumulative(guards=True, seed=_as_cumsum)
     )
     # bilinear: the other operand replaced by ones
     table.register("dot_general", DotGeneral())
