@@ -4,8 +4,8 @@ Two interpreters, as on the JAX side, sharing nothing with hlo_guard:
 
 * :func:`evaluate` -- the program under test, whole-vector TF ops
   (``tf.where``, ``tf.maximum``, ``tf.clip_by_value``, gathers, scatters);
-* :func:`oracle_grads` -- lane by lane with Python ``if`` under an eager
-  ``GradientTape``: a branch that is not taken is never computed.
+* :func:`oracle_grads` -- lane by lane with Python ``if`` (a branch that is
+  not taken is never computed), differentiated under XLA like the program.
 
 Branch decisions come from the vectorised program's own values under XLA
 (:func:`decisions_of`), so oracle and program can differ only in derivatives.
@@ -35,7 +35,6 @@ from fuzzlib.program import (
     Const,
     Gather,
     Leaf,
-    N,
     Reduce,
     SetAt,
     Slice,
@@ -262,20 +261,26 @@ def _nan_meets_min_max(root, decisions) -> bool:
 
 
 def oracle_grads(root, x: np.ndarray, y: np.ndarray):
-    """d(sum of lanes)/d(x, y), each lane differentiated (eager TF) only
-    through what its per-lane ``if`` evaluation computed."""
+    """d(sum of lanes)/d(x, y), each lane differentiated only through what its
+    per-lane ``if`` evaluation computed.  The oracle runs under XLA as the
+    program does: eager TF kernels answer ``0 * NaN`` differently (``SqrtGrad``
+    gives 0 where XLA gives NaN), and a genuine singularity must read the same
+    in both."""
     decisions = decisions_of(root, x, y)
     if _nan_meets_min_max(root, decisions):
         raise NotComparable("a NaN meets maximum/minimum under XLA (fast min/max)")
-    scalars = [tf.constant(v, x.dtype) for v in list(x) + list(y)]
-    with tf.GradientTape() as tape:
-        for s in scalars:
-            tape.watch(s)
-        lanes = _Lanes({"x": scalars[:N], "y": scalars[N:]}, decisions, x.dtype)
-        outs = [lanes.lane(root, i) for i in range(root.length)]
-        total = tf.add_n(outs) if len(outs) > 1 else outs[0]
-    grads = tape.gradient(total, scalars)
-    grads = np.array(
-        [0.0 if g is None else np.asarray(g) for g in grads], dtype=x.dtype
-    )  # None: the lane was never read
-    return grads[:N], grads[N:]
+
+    @tf.function(jit_compile=True)
+    def run(xv, yv):
+        with tf.GradientTape() as tape:
+            tape.watch([xv, yv])
+            lanes = _Lanes({"x": tf.unstack(xv), "y": tf.unstack(yv)}, decisions, x.dtype)
+            outs = [lanes.lane(root, i) for i in range(root.length)]
+            total = tf.add_n(outs) if len(outs) > 1 else outs[0]
+        grads = tape.gradient(
+            total, [xv, yv], unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )  # an input no taken lane reads: zero
+        return [tf.convert_to_tensor(g) for g in grads]
+
+    gx, gy = run(tf.constant(x), tf.constant(y))
+    return np.asarray(gx), np.asarray(gy)
