@@ -180,10 +180,13 @@ def main(argv=None) -> int:
     results["machine"]["loadavg_end"] = list(os.getloadavg())
     results["wall_s"] = time.perf_counter() - t_start
     table = render(results)
-    print(table)
     if library_table:
-        print("\nGuarded trace / jax.jit trace on real library functions (limit 3x):")
-        print(library_table)
+        table += (
+            "\n\n### Guarded trace ÷ `jax.jit` trace on real library functions (limit 3x)\n\n"
+            "`benchmarks/trace_cost_libraries.py`: median of 5 paired rounds, fresh functions.\n\n"
+            + library_table
+        )
+    print(table)
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump(results, fh, indent=1, default=str)
