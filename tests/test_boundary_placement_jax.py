@@ -275,3 +275,70 @@ def test_distance_and_angle_lists_a_handful_of_guards_each_with_its_chain():
     assert reverse and all(s.protects for s in reverse)
     protected = {p.split()[0] for s in reverse for p in s.protects}
     assert {"sqrt", "div", "acos"} <= protected
+
+
+# -- contractions: a dead row's value, not its cotangent, is the hazard --------------
+
+D = jnp.array([0.0, 1.0, 2.0])
+W = jnp.arange(6.0).reshape(3, 2) / 4.0
+
+
+def padded_rows(w, d):
+    """``1 / d`` is inf in the padded row; ``ct_w = h^T ct_z`` multiplies it by
+    the row's exact-zero cotangent unless the contraction is guarded."""
+    h = (1.0 / d)[:, None] * jnp.ones((1, 3))
+    return jnp.sum(jnp.where((d > 0)[:, None], h @ w, 0.0) ** 2)
+
+
+def padded_rows_oracle(w, d):
+    h = (1.0 / jnp.where(d > 0, d, 1.0))[:, None] * jnp.ones((1, 3))
+    return jnp.sum(jnp.where((d > 0)[:, None], h @ w, 0.0) ** 2)
+
+
+def dead_columns(x, w):
+    """The mirror case: an inf in a column of ``w`` no live output reads
+    reaches ``ct_x = ct_z w^T``."""
+    w = w.at[:, 1].set(jnp.log(w[:, 1] * 0.0))  # -inf column
+    return jnp.sum(jnp.where(jnp.array([True, False]), jnp.tanh(x @ w), 0.0))
+
+
+def dead_columns_oracle(x, w):
+    w = w.at[:, 1].set(jnp.log(w[:, 1] * 0.0))
+    w = jnp.where(jnp.array([True, False]), w, 0.0)
+    return jnp.sum(jnp.where(jnp.array([True, False]), jnp.tanh(x @ w), 0.0))
+
+
+@pytest.mark.parametrize("wrap", ["plain", "jit"])
+def test_a_dead_rows_inf_value_does_not_poison_the_other_operands_gradient(wrap):
+    """Found 2026-11-25: every guard was in place and the report clean, yet
+    ``d/dw`` was NaN in every lane -- a silent miss.  A select on ``h``'s use
+    changes ``h``'s cotangent, not the value ``w``'s cotangent multiplies by."""
+    f = jax.jit(padded_rows) if wrap == "jit" else padded_rows
+    assert np.isnan(np.asarray(jax.grad(f)(W, D))).all()
+    g = guard(f)
+    np.testing.assert_array_equal(g(W, D), f(W, D))
+    for transform in (jax.grad, jax.jacfwd, jax.hessian):
+        got = transform(g)(W, D)
+        want = transform(padded_rows_oracle)(W, D)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        assert np.isfinite(np.asarray(got)).all()
+
+
+def test_a_dead_columns_inf_value_does_not_poison_the_other_operands_gradient():
+    x = jnp.array([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]])
+    assert np.isnan(np.asarray(jax.grad(dead_columns)(x, W))).all()
+    for transform in (jax.grad, jax.jacfwd):
+        got = transform(guard(dead_columns))(x, W)
+        np.testing.assert_allclose(got, transform(dead_columns_oracle)(x, W), rtol=1e-6)
+
+
+def test_a_live_row_with_an_inf_stays_a_genuine_singularity():
+    """Zeroing reaches only rows no live output reads: an inf in a live row
+    is the program's own and stays non-finite."""
+    d = jnp.array([0.0, 1.0, 2.0])
+
+    def f(w, d):
+        h = (1.0 / d)[:, None] * jnp.ones((1, 3))
+        return jnp.sum(jnp.where((d >= 0)[:, None], h @ w, 0.0))
+
+    assert not np.isfinite(np.asarray(jax.grad(guard(f))(W, d))).all()

@@ -3,6 +3,8 @@
 * An operand an elementwise primitive broadcasts implicitly (a scalar divisor)
   is guarded at the *output's* shape, inside a ``custom_jvp`` whose primal is
   the bare operation (:func:`bind_with_broadcast_guards`).
+* A contraction's operand rows that no live output lane reads are zeroed in
+  the *other* operand's derivative term (:func:`bind_with_contraction_guards`).
 * A contraction that was already computed on the side for a mask hands those
   values over as its primal (:func:`bind_sharing`, :mod:`shared_primal`).
 
@@ -24,9 +26,13 @@ from hlo_guard.jax_frontend.mask_ops import to_guard_mask
 from hlo_guard.jax_frontend.shared_primal import share_side_primal
 
 
-def bind_sharing(eqn, invals, wide, side):
+def bind_sharing(eqn, invals, wide, side, contraction=None):
     """Bind ``eqn`` with ``side`` as its primal outputs (see
     :mod:`shared_primal`); its tangents come from the guarded binding."""
+    if contraction:
+        index = sorted(contraction)
+        masks = [to_guard_mask(contraction[i], tuple(eqn.invars[i].aval.shape)) for i in index]
+        return share_side_primal(side, partial(_bind_contraction, eqn, index), invals, masks)
     if not wide:
         return share_side_primal(side, partial(_bind_plain, eqn), invals)
     index = sorted(wide)
@@ -45,6 +51,56 @@ def _bind_plain(eqn, xs, masks):
 
 def _bind_wide(eqn, index, xs, masks):
     return bind_with_broadcast_guards(eqn, xs, dict(zip(index, masks)))
+
+
+def _bind_contraction(eqn, index, xs, masks):
+    return bind_with_contraction_guards(eqn, xs, dict(zip(index, masks)))
+
+
+def bind_with_contraction_guards(eqn, invals, masks):
+    """Bind a contraction (``dot_general``) so that, in its derivative, each
+    operand's term reads the *other* operand with its dead lanes zeroed.
+
+    ``ct_W = h^T ct_z`` sums ``h[r] * ct_z[r]`` over every row ``r``; in a row
+    no live output lane reads, ``ct_z[r]`` is an exact zero but ``h[r]`` may
+    be inf (``h = 1 / d`` of a padded row), and ``0 * inf`` poisons every
+    lane of ``W``'s cotangent.  A select on ``h``'s use cannot help: it
+    changes ``h``'s cotangent, not the value the transpose multiplies by.  So
+    the JVP is written out, ``dz = dot(dh, W_m) + dot(h_m, dW)`` with
+    ``X_m = select(live lanes of X, X, 0)`` (``masks``: each operand's use
+    mask, the lanes some live output reads), and the forward program is the
+    bare operation.  Exact when an operand's row is dead for every output
+    lane it feeds (padding, masked rows); a row live in some output lanes and
+    dead in others keeps its value, as it must for the live ones."""
+    prim, params = eqn.primitive, eqn.params
+    index = sorted(masks)
+    n = len(invals)
+    mask_args = [to_guard_mask(masks[i], tuple(eqn.invars[i].aval.shape)) for i in index]
+
+    def apply(*args):
+        return prim.bind(*args, **params)
+
+    @jax.custom_jvp
+    def op(*args):
+        return apply(*args[:n])
+
+    def op_jvp(primals, tangents):
+        vals, tans = list(primals[:n]), list(tangents[:n])
+        live_masks = dict(zip(index, primals[n:]))
+        out = apply(*vals)
+        masked = list(vals)
+        for i, m in live_masks.items():
+            masked[i] = lax.select(m, vals[i], lax.full_like(vals[i], 0))
+        t_out = None
+        for i in live_tangent_indices(tans):
+            args = list(masked)
+            args[i] = tans[i]  # bilinear: the tangent term of operand i
+            term = apply(*args)
+            t_out = term if t_out is None else t_out + term
+        return out, lax.full_like(out, 0) if t_out is None else t_out
+
+    op.defjvp(op_jvp, symbolic_zeros=True)
+    return [op(*invals, *mask_args)]
 
 
 def bind_with_broadcast_guards(eqn, invals, masks):

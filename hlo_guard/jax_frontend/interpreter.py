@@ -36,6 +36,7 @@ from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
 from hlo_guard.jax_frontend.guarded_binding import (
     bind_sharing,
     bind_with_broadcast_guards,
+    bind_with_contraction_guards,
     call_with,
 )
 from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
@@ -303,6 +304,30 @@ class Scope:
                 found[site.index] = mask
         return found
 
+    def contraction_masks(self, node: int, eqn) -> dict[int, Any]:
+        """The use masks of a partly dead contraction's operands (operands
+        fully live are left out; a site whose mask needs an effectful value
+        is skipped and reported), for :func:`bind_with_contraction_guards`."""
+        if node not in self.plan.guarded_contractions:
+            return {}
+        found: dict[int, Any] = {}
+        for i, v in enumerate(eqn.invars):
+            if isinstance(v, Literal):
+                continue
+            lv = self.analysis.use(node, i)
+            if lv.is_live or not lv.reaches_output:
+                continue
+            try:
+                mask = self.resolver.use_mask(node, i)
+            except ShadowUnavailable as exc:
+                self.record.skip(node, i, str(exc))
+                continue
+            if mask is NONE:
+                mask = np.zeros(tuple(v.aval.shape), bool)
+            if mask is not ALL:
+                found[i] = mask
+        return found
+
     def run(self) -> list[Any]:
         sites = self.plan.sites_for(self.mode)
         out_sites = self.plan.output_sites_by_node
@@ -319,20 +344,22 @@ class Scope:
                 for site in node_sites:
                     if site.index not in wide:
                         invals[site.index] = self.shared_guard(node, site, invals[site.index])
+                contraction = self.contraction_masks(node, eqn)
                 side = self._shared_side(eqn)
                 if side is None:
-                    outs = (
-                        bind_with_broadcast_guards(eqn, invals, wide)
-                        if wide
-                        else self._bind(node, eqn, invals)
-                    )
+                    if contraction:
+                        outs = bind_with_contraction_guards(eqn, invals, contraction)
+                    elif wide:
+                        outs = bind_with_broadcast_guards(eqn, invals, wide)
+                    else:
+                        outs = self._bind(node, eqn, invals)
                 elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(
                     self.mode
                 ):
                     fn, passed = _guarded_call(self, node, eqn, len(invals))
                     outs = share_side_primal(side, partial(call_with, fn), invals, passed)
                 else:
-                    outs = bind_sharing(eqn, invals, wide, side)
+                    outs = bind_sharing(eqn, invals, wide, side, contraction)
                 for ov, o in zip(eqn.outvars, outs):
                     if not isinstance(ov, DropVar):
                         env[ov] = o

@@ -134,8 +134,28 @@ class GuardPlan:
         as it is (a ``jnp.sqrt`` wrapper inside a guarded chain has guards in
         value mode but none in gradient mode)."""
         return bool(
-            self.sites_for(mode) or self.output_sites_by_node or self.rewritten_bodies(mode)
+            self.sites_for(mode)
+            or self.output_sites_by_node
+            or self.guarded_contractions
+            or self.rewritten_bodies(mode)
         )
+
+    @cached_property
+    def guarded_contractions(self) -> frozenset[int]:
+        """``dot_general`` nodes with a partly dead operand: bound with the
+        other operand's dead lanes zeroed in each derivative term
+        (:func:`guarded_binding.bind_with_contraction_guards`), because a
+        select on the operand's use cannot stop ``0 * inf`` in the other
+        operand's cotangent."""
+        found = set()
+        for node, eqn in enumerate(self.graph.eqns):
+            if eqn.primitive.name != "dot_general":
+                continue
+            for i in range(len(eqn.invars)):
+                lv = self.analysis.use(node, i)
+                if lv.reaches_output and not lv.is_live:
+                    found.add(node)
+        return frozenset(found)
 
     @cached_property
     def all_uses(self) -> dict[Any, list[tuple[int, int]]]:
