@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from test_tf_support import assert_same, xla_grads
+from test_tf_support import jvp_of_ones as jvp
+from test_tf_support import xla_second_derivative as second_derivative
 
 import hlo_guard.tf as hg
 
@@ -44,30 +46,6 @@ def test_lane_wise_chain_gets_one_select_where_x_enters():
     assert guard_selects(g, x) == 1
     (site, *_) = hg.report(g, x).guards
     assert {p.split()[0] for p in site.protects} >= {"Sqrt", "Log"}
-
-
-def second_derivative(fn, x):
-    @tf.function(jit_compile=True)
-    def run(x):
-        with tf.GradientTape() as outer:
-            outer.watch(x)
-            with tf.GradientTape() as inner:
-                inner.watch(x)
-                y = tf.reduce_sum(fn(x))
-            g = inner.gradient(y, x)
-        return outer.gradient(g, x)
-
-    return run(x).numpy()
-
-
-def jvp(fn, x, jit=True):
-    @tf.function(jit_compile=jit)
-    def run(x):
-        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
-            y = fn(x)
-        return acc.jvp(y)
-
-    return run(x).numpy()
 
 
 def test_chain_second_derivative_and_forward_mode_equal_the_double_where():

@@ -12,7 +12,13 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_tf_support import assert_same, bitwise_equal, xla_forward, xla_grads
+from test_tf_support import (
+    assert_same,
+    bitwise_equal,
+    xla_forward,
+    xla_grads,
+    xla_second_derivative,
+)
 
 import hlo_guard.tf as hg
 from passes.report import Report
@@ -109,19 +115,7 @@ def test_variable_update_inside_runs_once():
 
 
 def test_second_order_nested_tapes():
-    def hessian_diag(fn, x):
-        @tf.function(jit_compile=True)
-        def run(x):
-            with tf.GradientTape() as outer:
-                outer.watch(x)
-                with tf.GradientTape() as inner:
-                    inner.watch(x)
-                    y = tf.reduce_sum(fn(x))
-                g = inner.gradient(y, x)
-            return outer.gradient(g, x)
-
-        return run(x).numpy()
-
+    hessian_diag = xla_second_derivative
     x = tf.constant([-1.0, 0.0, 1.0, 4.0])
     assert np.isnan(hessian_diag(where_sqrt, x)[:2]).all()
     assert_same(hessian_diag(hg.guard(where_sqrt), x), hessian_diag(where_sqrt_oracle, x))

@@ -5,7 +5,7 @@ oracle under XLA, with the plain program shown to leak first."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_tf_support import assert_same, bitwise_equal, xla_forward, xla_grads
+from test_tf_support import assert_same, bitwise_equal, jvp_of_ones, xla_forward, xla_grads
 
 import hlo_guard.tf as hg
 from passes.masks import ALL, NONE
@@ -310,13 +310,7 @@ def test_sum_and_mean_tangent_is_live_where_a_summed_lane_is(reduce, axis, keepd
         return tf.where(live, tf.sqrt(tf.where(live, s, 1.0)), tf.sqrt(tf.stop_gradient(s)))
 
     def jvp(f):
-        @tf.function(jit_compile=True)
-        def run(x):
-            with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
-                y = f(x)
-            return acc.jvp(y)
-
-        return run(x).numpy()
+        return jvp_of_ones(f, x)
 
     if axis not in (None, (0, 1)):  # a total sum has a live lane: nothing leaks
         assert not np.isfinite(jvp(fn)).all()

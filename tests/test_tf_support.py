@@ -19,6 +19,36 @@ def xla_grads(fn, *xs, jit=True):
     return [g.numpy() for g in run(*xs)]
 
 
+def xla_second_derivative(fn, x):
+    """The diagonal-summed second derivative d/dx (d sum(fn(x)) / dx), nested
+    tapes inside tf.function(jit_compile=True)."""
+
+    @tf.function(jit_compile=True)
+    def run(x):
+        with tf.GradientTape() as outer:
+            outer.watch(x)
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                y = tf.reduce_sum(fn(x))
+            g = inner.gradient(y, x)
+        return outer.gradient(g, x)
+
+    return run(x).numpy()
+
+
+def jvp_of_ones(fn, x, jit=True):
+    """Forward mode: ``ForwardAccumulator`` of ``fn`` at ``x`` with a tangent
+    of ones, inside tf.function(jit_compile=jit)."""
+
+    @tf.function(jit_compile=jit)
+    def run(x):
+        with tf.autodiff.ForwardAccumulator(x, tf.ones_like(x)) as acc:
+            y = fn(x)
+        return acc.jvp(y)
+
+    return run(x).numpy()
+
+
 def eager_grads(fn, *xs):
     xs = [tf.convert_to_tensor(x) for x in xs]
     with tf.GradientTape() as tape:

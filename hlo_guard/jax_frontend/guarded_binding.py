@@ -72,21 +72,10 @@ def bind_with_contraction_guards(eqn, invals, masks):
     bare operation.  Exact when an operand's row is dead for every output
     lane it feeds (padding, masked rows); a row live in some output lanes and
     dead in others keeps its value, as it must for the live ones."""
-    prim, params = eqn.primitive, eqn.params
     index = sorted(masks)
-    n = len(invals)
     mask_args = [to_guard_mask(masks[i], tuple(eqn.invars[i].aval.shape)) for i in index]
 
-    def apply(*args):
-        return prim.bind(*args, **params)
-
-    @jax.custom_jvp
-    def op(*args):
-        return apply(*args[:n])
-
-    def op_jvp(primals, tangents):
-        vals, tans = list(primals[:n]), list(tangents[:n])
-        live_masks = dict(zip(index, primals[n:]))
+    def jvp(apply, vals, tans, live_masks):
         out = apply(*vals)
         masked = list(vals)
         for i, m in live_masks.items():
@@ -98,6 +87,27 @@ def bind_with_contraction_guards(eqn, invals, masks):
             term = apply(*args)
             t_out = term if t_out is None else t_out + term
         return out, lax.full_like(out, 0) if t_out is None else t_out
+
+    return _bind_with_jvp(eqn, invals, index, mask_args, jvp)
+
+
+def _bind_with_jvp(eqn, invals, index, mask_args, jvp):
+    """``eqn``'s bare primitive as a ``custom_jvp`` whose JVP is
+    ``jvp(apply, values, tangents, {operand index: mask})``.  The masks travel
+    as arguments, never through a closure: under ``jax.jit`` the JVP runs
+    when the jit is differentiated, after the tracers of this trace are gone."""
+    prim, params = eqn.primitive, eqn.params
+    n = len(invals)
+
+    def apply(*args):
+        return prim.bind(*args, **params)
+
+    @jax.custom_jvp
+    def op(*args):
+        return apply(*args[:n])
+
+    def op_jvp(primals, tangents):
+        return jvp(apply, list(primals[:n]), list(tangents[:n]), dict(zip(index, primals[n:])))
 
     op.defjvp(op_jvp, symbolic_zeros=True)
     return [op(*invals, *mask_args)]
@@ -118,19 +128,10 @@ def bind_with_broadcast_guards(eqn, invals, masks):
     params = eqn.params  # elementwise/selection primitives: no sub-jaxprs to convert
     out_shape = tuple(eqn.outvars[0].aval.shape)
     index = sorted(masks)
-    n = len(invals)
     mask_args = [to_guard_mask(masks[i], out_shape) for i in index]
 
-    def apply(*args):
-        return prim.bind(*args, **params)
-
-    @jax.custom_jvp
-    def op(*args):
-        return apply(*args[:n])
-
-    def op_jvp(primals, tangents):
-        vals, tans = list(primals[:n]), list(tangents[:n])
-        masks = dict(zip(index, primals[n:]))
+    def jvp(apply, primals, tans, masks):
+        vals = list(primals)
         for i in index:
             vals[i] = lax_broadcast(vals[i], out_shape)
         live = live_tangent_indices(tans)
@@ -145,14 +146,12 @@ def bind_with_broadcast_guards(eqn, invals, masks):
                 t = lax.select(masks[i], t, lax.full_like(t, 0))
             live_tans.append(t)
 
-        exact = _exact_jvp(prim, primals[:n], live, live_tans, params)
+        exact = _exact_jvp(prim, primals, live, live_tans, params)
         if exact is not None:
             return exact
         return jvp_in(apply, vals, live, live_tans)
 
-    op.defjvp(op_jvp, symbolic_zeros=True)
-
-    return [op(*invals, *mask_args)]
+    return _bind_with_jvp(eqn, invals, index, mask_args, jvp)
 
 
 def _exact_jvp(prim, primals, live, live_tans, params):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from fuzzlib.oracle import LaneEvaluator
 from fuzzlib.program import (
     Binary,
     Clip,
@@ -175,22 +176,9 @@ class NotComparable(Exception):
     is NaN by construction there)."""
 
 
-class _Lanes:
-    def __init__(self, env, decisions, dtype):
-        self.env = env
-        self.decisions = decisions
-        self.dtype = dtype
-        self.memo: dict = {}
-        self.keep: list = []
-
-    def lane(self, node, i):
-        if node.length == 1:
-            i = 0
-        key = (id(node), i)
-        if key not in self.memo:
-            self.keep.append(node)
-            self.memo[key] = self._compute(node, i)
-        return self.memo[key]
+class _Lanes(LaneEvaluator):
+    """The JAX oracle's memoised lane-on-demand evaluation, with TF ops and
+    TF's tie conventions in :meth:`_compute`."""
 
     def _choose(self, a, b, va, vb, greater):
         """TF's ``Maximum``/``Minimum`` gradient: to ``a`` where ``a >= b``
@@ -274,7 +262,7 @@ def oracle_grads(root, x: np.ndarray, y: np.ndarray):
     def run(xv, yv):
         with tf.GradientTape() as tape:
             tape.watch([xv, yv])
-            lanes = _Lanes({"x": tf.unstack(xv), "y": tf.unstack(yv)}, decisions, x.dtype)
+            lanes = _Lanes({"x": tf.unstack(xv), "y": tf.unstack(yv)}, x.dtype, decisions)
             outs = [lanes.lane(root, i) for i in range(root.length)]
             total = tf.add_n(outs) if len(outs) > 1 else outs[0]
         grads = tape.gradient(
