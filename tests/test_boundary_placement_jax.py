@@ -332,6 +332,36 @@ def test_a_dead_columns_inf_value_does_not_poison_the_other_operands_gradient():
         np.testing.assert_allclose(got, transform(dead_columns_oracle)(x, W), rtol=1e-6)
 
 
+KERNEL = jnp.linspace(0.5, 1.5, 8).reshape(2, 1, 2, 2)  # OIHW
+
+
+def padded_batch_conv(k, d):
+    """A convolution's kernel gradient sums input * output cotangent over the
+    batch: a padded item's inf input meets its exact-zero cotangent."""
+    x = (1.0 / d)[:, None, None, None] * jnp.ones((1, 1, 4, 4))
+    y = jax.lax.conv(x, k, (1, 1), "VALID")
+    return jnp.sum(jnp.where((d > 0)[:, None, None, None], y, 0.0) ** 2)
+
+
+def padded_batch_conv_oracle(k, d):
+    x = (1.0 / jnp.where(d > 0, d, 1.0))[:, None, None, None] * jnp.ones((1, 1, 4, 4))
+    y = jax.lax.conv(x, k, (1, 1), "VALID")
+    return jnp.sum(jnp.where((d > 0)[:, None, None, None], y, 0.0) ** 2)
+
+
+def test_a_padded_batch_items_inf_does_not_poison_a_convolutions_kernel_gradient():
+    """The contraction guard covers ``conv_general_dilated`` (a silent miss
+    before 2026-11-25's third session: NaN kernel gradient, clean report)."""
+    assert np.isnan(np.asarray(jax.grad(padded_batch_conv)(KERNEL, D))).all()
+    g = guard(padded_batch_conv)
+    np.testing.assert_array_equal(g(KERNEL, D), padded_batch_conv(KERNEL, D))
+    for transform in (jax.grad, jax.jacfwd, jax.hessian):
+        got = transform(g)(KERNEL, D)
+        want = transform(padded_batch_conv_oracle)(KERNEL, D)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        assert np.isfinite(np.asarray(got)).all()
+
+
 def test_a_live_row_with_an_inf_stays_a_genuine_singularity():
     """Zeroing reaches only rows no live output reads: an inf in a live row
     is the program's own and stays non-finite."""

@@ -43,6 +43,10 @@ _GUARDED_BODIES = REWRITTEN_CALLS | {"cond", "while", "scan", "shard_map"}
 #: call's outputs passed into its body, ("output", j) for a forward-mode guard
 SkippedGuard = tuple[int, Any, str]
 
+#: bilinear primitives whose gradient multiplies each operand's *value* into
+#: the other's cotangent (see :attr:`GuardPlan.guarded_contractions`)
+GUARDED_CONTRACTIONS = frozenset({"dot_general", "conv_general_dilated"})
+
 
 @dataclass
 class RewriteRecord:
@@ -142,14 +146,14 @@ class GuardPlan:
 
     @cached_property
     def guarded_contractions(self) -> frozenset[int]:
-        """``dot_general`` nodes with a partly dead operand: bound with the
+        """Contraction nodes with a partly dead operand: bound with the
         other operand's dead lanes zeroed in each derivative term
         (:func:`guarded_binding.bind_with_contraction_guards`), because a
         select on the operand's use cannot stop ``0 * inf`` in the other
         operand's cotangent."""
         found = set()
         for node, eqn in enumerate(self.graph.eqns):
-            if eqn.primitive.name != "dot_general":
+            if eqn.primitive.name not in GUARDED_CONTRACTIONS:
                 continue
             for i in range(len(eqn.invars)):
                 lv = self.analysis.use(node, i)

@@ -34,3 +34,5 @@ class BuildRecord:
     nested: list[tuple[str, str, BuildRecord]] = field(default_factory=list)
     #: forward-mode guards on operation outputs (:mod:`hlo_guard.tf.output_guards`)
     output_guards: list[AppliedGuard] = field(default_factory=list)
+    #: contractions given a masked gradient: (op name, masked operand indices)
+    contractions: list[tuple[str, list[int]]] = field(default_factory=list)

@@ -32,6 +32,7 @@ from collections.abc import Set as AbstractSet
 import tensorflow as tf
 
 from hlo_guard.tf import compat, output_guards, tangent_gaps
+from hlo_guard.tf.contractions import guarded_contractions, with_masked_gradient
 from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
 from hlo_guard.tf.mask_ops import ALGEBRA
@@ -132,8 +133,12 @@ class Builder:
         self.sites: list[GuardSite] = sites
         self.record = BuildRecord(graph, analysis, unguarded=list(unguarded))
         self.original_inputs = [list(op.inputs) for op in graph.ops]
+        #: bilinear nodes with a partly dead operand (:mod:`hlo_guard.tf.contractions`)
+        self.contractions = guarded_contractions(graph, analysis)
         self.downstream = self._descendants(
-            {s.node for s in sites if not s.statically_dead} | set(rewired_outputs)
+            {s.node for s in sites if not s.statically_dead}
+            | set(rewired_outputs)
+            | set(self.contractions)
         )
         self._values: dict[str, tf.Tensor] = {}
         #: the StopGradient reads of imported tensors that masks are built from
@@ -253,6 +258,7 @@ class Builder:
                     guarded = tf.raw_ops.SelectV2(condition=mask, t=x, e=tf.stop_gradient(x))
                     shared[key] = guarded
                 pending.append((site, guarded, "select"))
+        contraction_masks = {node: self._contraction_masks(node) for node in self.contractions}
         by_node: dict[int, list] = {}
         for site, guarded, form in pending:
             by_node.setdefault(site.node, []).append((site.index, guarded))
@@ -264,7 +270,49 @@ class Builder:
                     compat.update_input(op, i, g)
             else:
                 self._replace(op, dict(items))
+        for node, masks in contraction_masks.items():
+            if masks:
+                self._guard_contraction(node, masks)
         return self.record
+
+    def _contraction_masks(self, node: int) -> dict[int, tf.Tensor]:
+        """Each partly dead operand's use mask at its own shape (fully live
+        operands are left out; a mask that needs a stateful value twice is
+        skipped and reported, as a guard's would be)."""
+        op = self.graph.op(node)
+        found: dict[int, tf.Tensor] = {}
+        for i, x in enumerate(self.original_inputs[node]):
+            lv = self.analysis.use(node, i)
+            if lv.is_live or not lv.reaches_output:
+                continue
+            try:
+                mask = self.resolver.use_mask(node, i)
+            except ShadowUnavailable as exc:
+                self.record.skipped.append((GuardSite(node, i, lv), str(exc)))
+                continue
+            if mask is ALL:
+                continue
+            with tf.name_scope("hlo_guard_guard"):
+                if mask is NONE:
+                    mask = tf.zeros_like(x, dtype=tf.bool)
+                elif not _same_static_shape(mask, x):
+                    mask = tf.broadcast_to(mask, tf.shape(x))
+            found[i] = mask
+        self.record.contractions.append((op.name, sorted(found)))
+        return found
+
+    def _guard_contraction(self, node: int, masks: dict[int, tf.Tensor]) -> None:
+        """Swap the contraction at ``node`` (as guarded so far) for one whose
+        gradient reads the masked operands (:mod:`hlo_guard.tf.contractions`)."""
+        original = self.graph.op(node)
+        current = self.replaced.get(original.outputs[0].name)
+        op = original if current is None else current.op
+        with tf.name_scope("hlo_guard_guarded"):
+            outputs = with_masked_gradient(op, list(op.inputs), masks)
+        self._move_consumers(op, outputs)
+        compat.move_control_outputs(op, outputs[0].op)
+        for old, new in zip(original.outputs, outputs):
+            self.replaced[old.name] = new
 
     def _replace(self, op: tf.Operation, new_inputs: dict[int, tf.Tensor]) -> None:
         """Swap ``op`` for a copy reading ``new_inputs`` (an input edge cannot
@@ -273,13 +321,17 @@ class Builder:
         inputs = [new_inputs.get(i, t) for i, t in enumerate(op.inputs)]
         with tf.name_scope("hlo_guard_guarded"):
             new_op = copy_op(op, inputs, name=op.name.split("/")[-1])
-        for old, new in zip(op.outputs, new_op.outputs):
+        self._move_consumers(op, new_op.outputs)
+        compat.move_control_outputs(op, new_op)
+
+    def _move_consumers(self, op: tf.Operation, new_outputs: Sequence[tf.Tensor]) -> None:
+        """Point every reader of ``op``'s outputs at ``new_outputs``."""
+        for old, new in zip(op.outputs, new_outputs):
             for consumer in old.consumers():
                 for k, t in enumerate(consumer.inputs):
                     if t.name == old.name:
                         compat.update_input(consumer, k, new)
             self.replaced[old.name] = new
-        compat.move_control_outputs(op, new_op)
 
     def _guard_operand(self, site: GuardSite, x: tf.Tensor):
         """(operand to guard, its mask).

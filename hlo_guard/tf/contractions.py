@@ -1,0 +1,79 @@
+"""Contractions whose derivative must not read a dead lane's value.
+
+A select guard fixes a *cotangent*; it cannot change the *value* a
+contraction's gradient multiplies by.  In ``tf.where(rows, (1 / d) @ W, 0)``
+the padded row of ``h = 1 / d`` is inf, and TF's ``MatMul`` gradient
+``dW = h^T dz`` adds ``inf * 0`` into every lane of ``W``'s gradient even
+with every boundary guard in place.  So a bilinear op (``MatMul``,
+``BatchMatMul*``, ``Einsum``, convolutions) with a partly dead operand gets a
+gradient that reads, for each operand's term, the *other* operands with their
+dead lanes (their use masks) zeroed -- TF's own registered gradient, taken of
+a twin of the op whose inputs are the masked operands.  The forward program is
+a copy of the op on its own inputs, bitwise the original.
+
+The JAX front end does the same inside a ``custom_jvp``
+(``guarded_binding.bind_with_contraction_guards``).  Exact for rows (or
+columns) dead in every output lane they feed, which is what padding and row
+masks make; a lane live in some output lanes keeps its value, as the live
+ones need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+from hlo_guard.tf.graph import TFGraph
+from hlo_guard.tf.opcopy import copy_op
+from hlo_guard.tf.rules import RULES
+from passes.analysis import Analysis
+
+
+def guarded_contractions(graph: TFGraph, analysis: Analysis) -> list[int]:
+    """Bilinear nodes with an operand whose use is partly dead (some lanes
+    reach an output's derivative, some do not)."""
+    found = []
+    for node in range(graph.node_count()):
+        rule = RULES.get(graph.op_name(node))
+        if not getattr(rule, "bilinear", False):
+            continue
+        for i in range(len(graph.op(node).inputs)):
+            lv = analysis.use(node, i)
+            if lv.reaches_output and not lv.is_live:
+                found.append(node)
+                break
+    return found
+
+
+def with_masked_gradient(
+    op: tf.Operation, inputs: Sequence[tf.Tensor], masks: Mapping[int, tf.Tensor]
+) -> list[tf.Tensor]:
+    """``op`` re-created on ``inputs``, its gradient TF's own for ``op`` taken
+    at the inputs with ``masks``' false lanes zeroed.
+
+    The masks are boolean tensors of their operand's shape.  The masked
+    operands are built *inside* the gradient from the operands themselves, so
+    a second derivative flows into their live lanes (a hand double where's
+    inner ``where`` does the same); forward mode goes through the same
+    function (TF derives JVPs from it)."""
+    n = len(inputs)
+
+    @tf.custom_gradient
+    def contraction(*xs):
+        out = copy_op(op, xs, name="hlo_guard_contraction").outputs
+
+        def gradient(*dys):
+            masked = [
+                tf.where(masks[i], x, tf.zeros_like(x)) if i in masks else x
+                for i, x in enumerate(xs)
+            ]
+            # never run forward: only its gradient (read off its inputs) is used
+            twin = copy_op(op, masked, name="hlo_guard_contraction_twin")
+            grads = tf.gradients(twin.outputs, masked, grad_ys=list(dys))
+            return [tf.zeros_like(x) if g is None else g for x, g in zip(xs, grads)]
+
+        return (out[0] if len(out) == 1 else out), gradient
+
+    result = contraction(*inputs[:n])
+    return list(result) if isinstance(result, (list, tuple)) else [result]
