@@ -122,3 +122,24 @@ def test_scalar_constant_operands_do_not_make_an_op_mix_lanes(shape):
     so the chain keeps its single select."""
     x = tf.reshape(tf.constant(X * (int(np.prod(shape)) // 4)), shape)
     assert guard_selects(hg.guard(chain), x) == 1
+
+
+def test_a_mask_that_needs_only_a_shape_copies_nothing_on_the_side():
+    """A select's mask needs its output's *shape*, not its value.  Reading the
+    value downstream of a guard made the builder recompute the whole chain up
+    to it "on the side" (two matmuls of the MLP benchmark among 26 copies);
+    with the shape known at trace time nothing is copied."""
+    keep = tf.constant([True, False])
+    x = tf.constant([4.0, 0.0, 1.0])
+    w = tf.constant(np.ones((3, 2)), tf.float32)
+
+    def f(x, w):
+        z = tf.where(x > 0, tf.sqrt(x), 0.0)
+        return tf.where(keep, tf.matmul(z[None, :], w), 0.0)
+
+    g = hg.guard(f)
+    ops = g.get_concrete_function(x, w).graph.get_operations()
+    assert not [op.name for op in ops if "hlo_guard_shadow" in op.name]
+    assert_same(
+        xla_grads(g, x, w)[0], xla_grads(lambda x, w: f(tf.where(x > 0, x, 1.0), w), x, w)[0]
+    )

@@ -145,6 +145,9 @@ class _Values:
     def value(self, t):
         return tf.stop_gradient(t)
 
+    def shaped(self, t):
+        return self.value(t)
+
 
 def _both_matmul_masks(make, a, b, masks, dynamic):
     """(new, old) operand masks of ``make(a, b)`` for each output mask, the new

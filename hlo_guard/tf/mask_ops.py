@@ -10,6 +10,9 @@ broadcasting rules exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -52,27 +55,51 @@ class TFMaskAlgebra(MaskAlgebra):
 ALGEBRA = TFMaskAlgebra()
 
 
-def materialize(m, like: tf.Tensor) -> tf.Tensor:
+@dataclass(frozen=True)
+class StaticShape:
+    """Stands in for a tensor whose *shape* a mask needs, not its value.
+
+    Most masks need only the shape of the value they describe (the output of
+    a select, to broadcast its condition to).  Reading the value itself adds a
+    data edge from the program into the mask; downstream of a guard that edge
+    would close a cycle, so the builder would recompute the whole chain up to
+    it on the side.  When the shape is known at trace time this stand-in
+    carries it with no edge at all (see ``Builder.shaped``); it has no value,
+    so a helper that wrongly reads one fails loudly."""
+
+    shape: tf.TensorShape
+    dtype: Any
+
+
+def shape_of(like) -> tf.Tensor:
+    """``like``'s shape as a 1-D int32 tensor: a constant when known at trace
+    time (no data edge from ``like``), else ``tf.shape``."""
+    if like.shape.is_fully_defined():
+        return tf.constant(like.shape.as_list(), tf.int32)
+    return tf.shape(like, out_type=tf.int32)
+
+
+def materialize(m, like) -> tf.Tensor:
     """A boolean tensor of ``like``'s shape for a sentinel or a mask."""
     if m is ALL:
-        return tf.ones_like(like, dtype=tf.bool)
+        return tf.ones(shape_of(like), dtype=tf.bool)
     if m is NONE:
-        return tf.zeros_like(like, dtype=tf.bool)
+        return tf.zeros(shape_of(like), dtype=tf.bool)
     return m
 
 
-def same_static_shape(a: tf.Tensor, b: tf.Tensor) -> bool:
+def same_static_shape(a, b) -> bool:
     sa, sb = a.shape, b.shape
     return sa.is_fully_defined() and sb.is_fully_defined() and sa == sb
 
 
-def broadcast_like(m, like: tf.Tensor):
+def broadcast_like(m, like):
     """``m`` broadcast to ``like``'s shape (sentinels stay sentinels)."""
     if is_sentinel(m):
         return m
     if same_static_shape(m, like):
         return m
-    return tf.broadcast_to(m, tf.shape(like))
+    return tf.broadcast_to(m, shape_of(like))
 
 
 def and_(a, b):
@@ -93,20 +120,20 @@ def not_(m):
     return tf.logical_not(m)
 
 
-def reduce_to(m, out: tf.Tensor, operand: tf.Tensor):
+def reduce_to(m, out, operand):
     """OR-reduce an output-shaped mask over the dimensions ``operand`` was
     implicitly broadcast along, back to ``operand``'s shape."""
     if is_sentinel(m):
         return m
     if same_static_shape(out, operand):
         return m
-    s_op = tf.shape(operand, out_type=tf.int32)
-    s_out = tf.shape(out, out_type=tf.int32)
+    s_op = shape_of(operand)
+    s_out = shape_of(out)
     r_op, _ = tf.raw_ops.BroadcastGradientArgs(s0=s_op, s1=s_out)
     return normalize(tf.reshape(tf.reduce_any(m, axis=r_op), s_op))
 
 
-def to_float(m, like: tf.Tensor) -> tf.Tensor:
+def to_float(m, like) -> tf.Tensor:
     """The mask as 0/1 in ``like``'s dtype (a cotangent seed)."""
     return tf.cast(materialize(m, like), like.dtype)
 

@@ -35,7 +35,7 @@ from hlo_guard.tf import compat, output_guards, tangent_gaps
 from hlo_guard.tf.contractions import guarded_contractions, with_masked_gradient
 from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
-from hlo_guard.tf.mask_ops import ALGEBRA
+from hlo_guard.tf.mask_ops import ALGEBRA, StaticShape
 from hlo_guard.tf.opcopy import copy_op, is_stateful
 from hlo_guard.tf.records import AppliedGuard, BuildRecord
 from hlo_guard.tf.rules import RULES
@@ -187,6 +187,15 @@ class Builder:
             compute=self._copy_on_side,
         )
         return self._values[name]
+
+    def shaped(self, t: tf.Tensor) -> tf.Tensor | StaticShape:
+        """``t`` for a mask that needs only its shape (and dtype): a
+        :class:`~hlo_guard.tf.mask_ops.StaticShape` when the shape is known at
+        trace time -- no edge into the program, so nothing downstream of a
+        guard is copied on the side for it -- else its value."""
+        if t.shape.is_fully_defined():
+            return StaticShape(t.shape, t.dtype)
+        return self.value(t)
 
     def _side_producer(self, name: str) -> int | None:
         prod = self.graph.producer(name)

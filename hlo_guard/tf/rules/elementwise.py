@@ -39,8 +39,8 @@ class Elementwise(TFRule):
 
     def input_masks(self, mctx, node, op, out_masks):
         out = or_all(out_masks)
-        out_value = mctx.value(op.outputs[0])
-        return [reduce_to(out, out_value, mctx.value(t)) for t in op.inputs]
+        out_shape = mctx.shaped(op.outputs[0])
+        return [reduce_to(out, out_shape, mctx.shaped(t)) for t in op.inputs]
 
     def broadcast_operand_mask(self, mctx, node, op, index, out_masks):
         """The mask at the *output* shape, for guarding a broadcast operand."""
@@ -50,7 +50,7 @@ class Elementwise(TFRule):
         return forward_join(fa, node, ins)
 
     def forward_masks(self, mctx, node, op, in_masks):
-        out = mctx.value(op.outputs[0])
+        out = mctx.shaped(op.outputs[0])
         return [or_all([broadcast_like(m, out) for m in in_masks])] * len(op.outputs)
 
     def guards_output(self, analysis, node, index):

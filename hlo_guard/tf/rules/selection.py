@@ -59,21 +59,21 @@ class Select(TFRule):
 
     def input_masks(self, mctx, node, op, out_masks):
         out_mask = out_masks[0]
-        out = mctx.value(op.outputs[0])
+        out = mctx.shaped(op.outputs[0])
         chosen = _condition(op, mctx.value(op.inputs[0]), out)
         t_mask = and_(out_mask, chosen)
         e_mask = and_(out_mask, not_(chosen))
         return [
             NONE,
-            reduce_to(t_mask, out, mctx.value(op.inputs[1])),
-            reduce_to(e_mask, out, mctx.value(op.inputs[2])),
+            reduce_to(t_mask, out, mctx.shaped(op.inputs[1])),
+            reduce_to(e_mask, out, mctx.shaped(op.inputs[2])),
         ]
 
     def forward(self, fa, node, ins):
         return forward_placed(fa, node, ins, indices=[1, 2])
 
     def forward_masks(self, mctx, node, op, in_masks):
-        out = mctx.value(op.outputs[0])
+        out = mctx.shaped(op.outputs[0])
         chosen = _condition(op, mctx.value(op.inputs[0]), out)
         return [_pick(in_masks[1:], [chosen, not_(chosen)], out)]
 
@@ -91,7 +91,7 @@ class MaximumMinimum(TFRule):
         return [lv, lv]
 
     def _chosen(self, mctx, op):
-        out = mctx.value(op.outputs[0])
+        out = mctx.shaped(op.outputs[0])
         x, y = (mctx.value(t) for t in op.inputs)
         xmask = broadcast_like(normalize(self.x_wins(x, y)), out)
         return out, x, y, xmask
@@ -128,7 +128,7 @@ class ClipByValue(TFRule):
         return [lv, lv, lv]
 
     def input_masks(self, mctx, node, op, out_masks):
-        out = mctx.value(op.outputs[0])
+        out = mctx.shaped(op.outputs[0])
         t, lo, hi = (mctx.value(x) for x in op.inputs)
         below = broadcast_like(normalize(tf.less(t, lo)), out)
         above = broadcast_like(normalize(tf.greater(t, hi)), out)
@@ -144,7 +144,7 @@ class ClipByValue(TFRule):
         return forward_placed(fa, node, ins)
 
     def forward_masks(self, mctx, node, op, in_masks):
-        out = mctx.value(op.outputs[0])
+        out = mctx.shaped(op.outputs[0])
         t, lo, hi = (mctx.value(x) for x in op.inputs)
         below = broadcast_like(normalize(tf.less(t, lo)), out)
         above = broadcast_like(normalize(tf.greater(t, hi)), out)

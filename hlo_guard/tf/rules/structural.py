@@ -25,7 +25,7 @@ import tensorflow as tf
 import passes.rules as passes_rules
 from hlo_guard.tf import compat
 from hlo_guard.tf.graph import is_inexact
-from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, to_float
+from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, shape_of, to_float
 from hlo_guard.tf.opcopy import copy_op
 from hlo_guard.tf.rules.base import TFRule, forward_placed, joined
 from hlo_guard.tf.tangent_gaps import is_partly_zero, note_unfollowed
@@ -119,13 +119,28 @@ class Structural(passes_rules.StructuralTransfer, TFRule):
         )
 
 
+def _probe_inputs(mctx, op, real_values: bool) -> list:
+    """What a probe copy is built from: the values of the inputs it keeps
+    (indices, axes; every input with ``real_values``), the mere shapes of the
+    float inputs it replaces by zeros or ones (no edge into the program, see
+    ``Builder.shaped``)."""
+    return [
+        mctx.value(t) if real_values or not is_inexact(t.dtype) else mctx.shaped(t)
+        for t in op.inputs
+    ]
+
+
+def _filled(like, value) -> tf.Tensor:
+    return tf.fill(shape_of(like), tf.constant(value, like.dtype))
+
+
 def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None, real_values=False) -> list:
     diff = [i for i, t in enumerate(op.inputs) if is_inexact(t.dtype)]
     n = len(op.inputs)
     if not diff or all(m is NONE for m in out_masks):
         return [NONE] * n
-    vals = [mctx.value(t) for t in op.inputs]
-    outs_v = [mctx.value(t) for t in op.outputs]
+    vals = _probe_inputs(mctx, op, real_values)
+    outs_v = [mctx.shaped(t) for t in op.outputs]
     found = {}
     groups = [[i] for i in diff] if bilinear else [diff]
     with tf.name_scope("hlo_guard_probe"):
@@ -135,12 +150,12 @@ def probe_masks(mctx, op, out_masks, *, bilinear=False, probe_type=None, real_va
             for i in diff:
                 if i in group:
                     zeros[i] = args[i] = (
-                        tf.identity(vals[i]) if real_values else tf.zeros_like(vals[i])
+                        tf.identity(vals[i]) if real_values else _filled(vals[i], 0)
                     )
                 elif bilinear:
-                    args[i] = tf.ones_like(vals[i])
+                    args[i] = _filled(vals[i], 1)
                 else:
-                    zeros[i] = args[i] = tf.zeros_like(vals[i])
+                    zeros[i] = args[i] = _filled(vals[i], 0)
             probe = copy_op(op, args, op_type=probe_type)
             ys, seeds = [], []
             for t, v, m in zip(probe.outputs, outs_v, out_masks):
@@ -174,7 +189,7 @@ def probe_forward_masks(
         return [NONE] * n_out
     if all(in_masks[i] is ALL for i in diff) and not creates:
         return [ALL] * n_out
-    vals = [mctx.value(t) for t in op.inputs]
+    vals = _probe_inputs(mctx, op, real_values)
     found: list = [NONE] * n_out
     groups = [[i] for i in diff] if bilinear else [diff]
     with tf.name_scope("hlo_guard_probe"):
@@ -184,11 +199,11 @@ def probe_forward_masks(
             args = list(vals)
             for i in diff:
                 if i in group:
-                    args[i] = tf.identity(vals[i]) if real_values else tf.zeros_like(vals[i])
+                    args[i] = tf.identity(vals[i]) if real_values else _filled(vals[i], 0)
                 elif bilinear:
-                    args[i] = tf.ones_like(vals[i])
+                    args[i] = _filled(vals[i], 1)
                 else:
-                    args[i] = tf.zeros_like(vals[i])
+                    args[i] = _filled(vals[i], 0)
             probe = copy_op(op, args, op_type=probe_type)
             outs = [k for k, t in enumerate(probe.outputs) if is_inexact(t.dtype)]
             cots = [tf.zeros_like(probe.outputs[k]) for k in outs]
@@ -220,9 +235,7 @@ def _probe_matmul_masks(mctx, op, out_masks) -> list:
 
 def _shape_of(mctx, t: tf.Tensor) -> tf.Tensor:
     """The shape of input ``t`` as a 1-D int32 tensor (a constant when known)."""
-    if t.shape.is_fully_defined():
-        return tf.constant(t.shape.as_list(), tf.int32)
-    return tf.shape(mctx.value(t), out_type=tf.int32)
+    return shape_of(mctx.shaped(t))
 
 
 def matmul_masks(mctx, op, out_masks) -> list:
@@ -308,7 +321,7 @@ class ReshapeLike(Structural):
     def input_masks(self, mctx, node, op, out_masks):
         m = out_masks[0]
         masks = [NONE] * len(op.inputs)
-        masks[0] = m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.inputs[0])))
+        masks[0] = m if is_sentinel(m) else tf.reshape(m, _shape_of(mctx, op.inputs[0]))
         return masks
 
     def forward(self, fa, node, ins):
@@ -316,7 +329,7 @@ class ReshapeLike(Structural):
 
     def forward_masks(self, mctx, node, op, in_masks):
         m = in_masks[0]
-        return [m if is_sentinel(m) else tf.reshape(m, tf.shape(mctx.value(op.outputs[0])))]
+        return [m if is_sentinel(m) else tf.reshape(m, _shape_of(mctx, op.outputs[0]))]
 
 
 class Summing(Structural):
@@ -333,9 +346,9 @@ class Summing(Structural):
         m = out_masks[0]
         if is_sentinel(m):
             return [m, NONE]
-        x = mctx.value(op.inputs[0])
-        kept = compat.reduced_shape(tf.shape(x), mctx.value(op.inputs[1]))
-        return [normalize(tf.broadcast_to(tf.reshape(m, kept), tf.shape(x))), NONE]
+        x_shape = _shape_of(mctx, op.inputs[0])
+        kept = compat.reduced_shape(x_shape, mctx.value(op.inputs[1]))
+        return [normalize(tf.broadcast_to(tf.reshape(m, kept), x_shape)), NONE]
 
     def forward_masks(self, mctx, node, op, in_masks):
         m = in_masks[0]
