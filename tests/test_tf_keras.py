@@ -196,3 +196,50 @@ def test_custom_train_step_is_refused_with_the_recipe():
         hg.keras.guard_train_step(Custom())
     with pytest.raises(GuardUsageError, match="keras.Model"):
         hg.keras.guard_train_step(keras.layers.Dense(3))
+
+
+def _padded_conv_model(normalize, seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((4, 4, 1)),
+            keras.layers.Lambda(normalize),
+            keras.layers.Conv2D(2, 2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(1),
+        ]
+    )
+
+
+def _per_sample_normalize(t):
+    return t / tf.reduce_sum(t, axis=[1, 2, 3], keepdims=True)  # 0 / 0 for a padded sample
+
+
+def _per_sample_normalize_oracle(t):
+    s = tf.reduce_sum(t, axis=[1, 2, 3], keepdims=True)
+    return tf.where(s > 0, t / tf.where(s > 0, s, 1.0), 0.0)
+
+
+def _padded_rows_loss(y_true, y_pred):
+    return tf.reduce_mean(tf.where(y_true > 0, (y_pred - 1.0) ** 2, 0.0))
+
+
+def test_fit_guards_inside_the_model_a_padded_sample_meeting_a_convolution():
+    """A hazard inside the model, not the loss: a padded (all-zero) sample is
+    normalised to 0 / 0, and the convolution's kernel gradient sums it against
+    the sample's zero cotangent.  Needs the contraction guard on Conv2D and a
+    step whose ``y_pred`` (returned for the metrics) does not count as a live
+    output -- it made every lane of the model live, so nothing was guarded."""
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (6, 4, 4, 1)).astype("float32")
+    x[1::2] = 0.0  # one padded sample in each batch of two
+    y = np.ones((6, 1), "float32")
+    y[1::2] = 0.0
+    plain, _ = _fit(_padded_conv_model(_per_sample_normalize), _padded_rows_loss, False, x, y)
+    assert not all(np.isfinite(w).all() for w in plain)
+    got, got_loss = _fit(_padded_conv_model(_per_sample_normalize), _padded_rows_loss, True, x, y)
+    want, want_loss = _fit(
+        _padded_conv_model(_per_sample_normalize_oracle), _padded_rows_loss, False, x, y
+    )
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)

@@ -63,7 +63,11 @@ def guarded_forward(model) -> GuardedTFFunction:
             loss = model._compute_loss(
                 x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
             )
-            return y_pred, loss
+            # y_pred leaves for the metrics only: the step differentiates the
+            # loss alone.  Returned as it is, it would be a fully live output,
+            # and every lane the loss masks would count as live through it --
+            # no guard inside the model (a padded sample's 0 / 0) would be placed
+            return tf.nest.map_structure(tf.stop_gradient, y_pred), loss
 
         forward_and_loss.__qualname__ = f"{type(model).__name__}.forward_and_loss"
         forward = guard(forward_and_loss)
