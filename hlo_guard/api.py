@@ -73,8 +73,10 @@ class GuardedFunction:
         cache_size: int = DEFAULT_CACHE_SIZE,
         cache_bytes: int | None = DEFAULT_CACHE_BYTES,
         mode: str = "gradient",
+        has_aux: bool = False,
     ):
         self.mode = _check_mode(mode, "hlo_guard.guard", "mode")
+        self.has_aux = _check_has_aux(has_aux, "hlo_guard.guard")
         self._binding = "method"
         if isinstance(fn, staticmethod):
             fn, self._binding = fn.__func__, "static"
@@ -82,6 +84,8 @@ class GuardedFunction:
             fn, self._binding = fn.__func__, "class"
         _check_callable(fn, "hlo_guard.guard")
         self.fn = fn
+        #: what is traced: ``fn``, its aux output gradient-stopped (``has_aux``)
+        self._traced_fn = _stop_aux_gradient(fn) if self.has_aux else fn
         self.static_argnums, self.static_argnames = normalize_static(
             fn, static_argnums, static_argnames
         )
@@ -103,7 +107,7 @@ class GuardedFunction:
         program = self._cache.get(key)
         if program is None:
             program = trace(
-                self.fn,
+                self._traced_fn,
                 avals,
                 layout,
                 static,
@@ -153,13 +157,46 @@ class GuardedFunction:
                 self._cache.maxsize,
                 self._cache.max_bytes,
                 mode=self.mode,
+                has_aux=self.has_aux,
             )
             self._bound_to_class[cls] = bound
         return bound
 
     def __repr__(self):
         mode = "" if self.mode == "gradient" else f", mode={self.mode!r}"
-        return f"guard({getattr(self.fn, '__qualname__', self.fn)!r}{mode})"
+        aux = ", has_aux=True" if self.has_aux else ""
+        return f"guard({getattr(self.fn, '__qualname__', self.fn)!r}{mode}{aux})"
+
+
+def _check_has_aux(has_aux, who: str) -> bool:
+    if not isinstance(has_aux, bool):
+        raise GuardUsageError(f"{who}: has_aux must be True or False, got {has_aux!r}")
+    return has_aux
+
+
+def _stop_aux_gradient(fn: Callable) -> Callable:
+    """``fn`` returning ``(output, stop_gradient(aux))``.
+
+    ``jax.grad(f, has_aux=True)`` never differentiates ``aux``, but the guard
+    cannot know that from the trace: an aux that returns a value the output
+    masks (the predictions beside a masked loss) is a live output in every
+    lane, so nothing upstream of it would be guarded.  Stopping its gradient
+    says what ``has_aux`` means; its values are unchanged."""
+
+    @functools.wraps(fn)
+    def with_aux_stopped(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise GuardUsageError(
+                f"{getattr(fn, '__qualname__', fn)} was guarded with has_aux=True, so it must "
+                f"return a pair (output, aux), as for jax.grad(..., has_aux=True); it "
+                f"returned {type(result).__name__}"
+                + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else "")
+            )
+        out, aux = result
+        return out, jax.tree_util.tree_map(jax.lax.stop_gradient, aux)
+
+    return with_aux_stopped
 
 
 def guard(
@@ -170,6 +207,7 @@ def guard(
     cache_size: int = DEFAULT_CACHE_SIZE,
     cache_bytes: int | None = DEFAULT_CACHE_BYTES,
     mode: str = "gradient",
+    has_aux: bool = False,
 ):
     """Return ``fn`` with gradient guards inserted before every operation whose
     dead lanes could turn a structural zero into NaN.
@@ -186,20 +224,35 @@ def guard(
     recently used dropped first; 0 re-traces on every call); ``cache_bytes``
     bounds the constants they hold together (each array counted once; the
     latest trace is always kept; None: no byte bound).
+
+    ``has_aux=True``: ``fn`` returns ``(output, aux)`` and ``aux`` is not
+    differentiated (as for ``jax.grad(..., has_aux=True)``): it is returned
+    gradient-stopped, so that lanes ``output`` masks are not kept live by
+    ``aux`` (the predictions returned beside a masked loss).
     """
     _check_mode(mode, "hlo_guard.guard", "mode")
+    _check_has_aux(has_aux, "hlo_guard.guard")
     if fn is None:
         return lambda f: GuardedFunction(
-            f, static_argnums, static_argnames, cache_size, cache_bytes, mode=mode
+            f, static_argnums, static_argnames, cache_size, cache_bytes, mode=mode, has_aux=has_aux
         )
-    return GuardedFunction(fn, static_argnums, static_argnames, cache_size, cache_bytes, mode=mode)
+    return GuardedFunction(
+        fn, static_argnums, static_argnames, cache_size, cache_bytes, mode=mode, has_aux=has_aux
+    )
 
 
-def guarded_jit(fn: Callable | None = None, *, guard_mode: str = "gradient", **jit_kwargs):
-    """``jax.jit(guard(fn, mode=guard_mode), **jit_kwargs)``; usable as
-    ``@guarded_jit`` and ``@guarded_jit(static_argnums=...)``.  Accepts every
-    ``jax.jit`` keyword."""
+def guarded_jit(
+    fn: Callable | None = None,
+    *,
+    guard_mode: str = "gradient",
+    has_aux: bool = False,
+    **jit_kwargs,
+):
+    """``jax.jit(guard(fn, mode=guard_mode, has_aux=has_aux), **jit_kwargs)``;
+    usable as ``@guarded_jit`` and ``@guarded_jit(static_argnums=...)``.
+    Accepts every ``jax.jit`` keyword."""
     _check_mode(guard_mode, "hlo_guard.guarded_jit", "guard_mode")
+    _check_has_aux(has_aux, "hlo_guard.guarded_jit")
     unknown = sorted(set(jit_kwargs) - JIT_KEYWORDS)
     if unknown:
         raise GuardUsageError(
@@ -207,12 +260,13 @@ def guarded_jit(fn: Callable | None = None, *, guard_mode: str = "gradient", **j
             f"jax.jit accepts {sorted(JIT_KEYWORDS)}"
         )
     if fn is None:
-        return lambda f: guarded_jit(f, guard_mode=guard_mode, **jit_kwargs)
+        return lambda f: guarded_jit(f, guard_mode=guard_mode, has_aux=has_aux, **jit_kwargs)
     _check_callable(fn, "hlo_guard.guarded_jit")
     guarded = GuardedFunction(
         fn,
         jit_kwargs.get("static_argnums", ()),
         jit_kwargs.get("static_argnames", ()),
         mode=guard_mode,
+        has_aux=has_aux,
     )
     return jax.jit(guarded, **jit_kwargs)
