@@ -362,6 +362,28 @@ def test_a_padded_batch_items_inf_does_not_poison_a_convolutions_kernel_gradient
         assert np.isfinite(np.asarray(got)).all()
 
 
+def test_a_closed_over_operand_with_an_inf_in_a_dead_row_is_zeroed_too():
+    """The operand to zero may carry no derivative: an array the function
+    closes over (data normalised to ``1 / 0`` in a padded row), computed
+    eagerly while tracing, meets the row's zero cotangent in ``d/dw``."""
+    with np.errstate(divide="ignore"):
+        h = (1.0 / np.asarray(D))[:, None] * np.ones((1, 3), np.float32)
+    h_safe = (1.0 / np.where(np.asarray(D) > 0, np.asarray(D), 1.0))[:, None] * np.ones((1, 3))
+    rows = np.asarray(D) > 0
+
+    def f(w):
+        return jnp.sum(jnp.where(rows[:, None], jnp.asarray(h) @ w, 0.0) ** 2)
+
+    def oracle(w):
+        return jnp.sum(jnp.where(rows[:, None], jnp.asarray(h_safe, jnp.float32) @ w, 0.0) ** 2)
+
+    assert np.isnan(np.asarray(jax.grad(f)(W))).all()
+    for transform in (jax.grad, jax.jacfwd, jax.hessian):
+        got = transform(guard(f))(W)
+        np.testing.assert_allclose(got, transform(oracle)(W), rtol=1e-6)
+        assert np.isfinite(np.asarray(got)).all()
+
+
 def test_a_live_row_with_an_inf_stays_a_genuine_singularity():
     """Zeroing reaches only rows no live output reads: an inf in a live row
     is the program's own and stays non-finite."""

@@ -93,3 +93,38 @@ def test_linen_apply_inside_a_guarded_loss_matches_double_where():
     want = jax.tree_util.tree_leaves(jax.grad(lambda p: loss(p, True))(params))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-6, atol=1e-7)
+
+
+class _PaddedCNN(linen.Module):
+    """Each sample normalised by its sum: a padded (all-zero) sample is 0 / 0."""
+
+    safe: bool = False
+
+    @linen.compact
+    def __call__(self, x):
+        s = jnp.sum(x, axis=(1, 2, 3), keepdims=True)
+        x = x / (jnp.where(s > 0, s, 1.0) if self.safe else s)
+        x = linen.Conv(2, (2, 2))(x)
+        return linen.Dense(1)(x.reshape(x.shape[0], -1))
+
+
+def test_linen_conv_over_a_closed_over_padded_batch_matches_double_where():
+    """The batch is closed over, so ``x / s`` is computed while tracing: a
+    constant NaN row the convolution's kernel gradient sums against the
+    padded sample's zero cotangent (a silent NaN before the contraction guard
+    covered convolutions and operands that carry no derivative)."""
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (4, 4, 4, 1)).astype("float32")
+    x[1::2] = 0.0
+    live = jnp.array([True, False, True, False])
+    params = _PaddedCNN().init(jax.random.PRNGKey(0), x)
+
+    def loss(p, safe=False):
+        y = _PaddedCNN(safe).apply(p, x)[:, 0]
+        return jnp.sum(jnp.where(live, (y - 1.0) ** 2, 0.0))
+
+    plain = jax.grad(loss)(params)
+    assert np.isnan(np.asarray(plain["params"]["Conv_0"]["kernel"])).all()
+    got = jax.jit(jax.grad(hg.guard(loss)))(params)
+    want = jax.grad(lambda p: loss(p, True))(params)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -145,3 +145,23 @@ def test_the_build_record_names_the_guarded_contraction():
     record = g.record_for(W, D)
     [(name, masked)] = record.contractions
     assert name.endswith("MatMul") and 0 in masked
+
+
+def test_a_constant_operand_with_an_inf_in_a_dead_row_is_zeroed_too():
+    """A ``Const`` carries no derivative, but its value still meets the dead
+    row's zero cotangent in ``d/dW``."""
+    d = np.array([0.0, 1.0, 2.0], np.float32)
+    with np.errstate(divide="ignore"):
+        h = (1.0 / d)[:, None] * np.ones((1, 3), np.float32)
+    h_safe = ((1.0 / np.where(d > 0, d, 1.0))[:, None] * np.ones((1, 3))).astype(np.float32)
+
+    def f(w):
+        return tf.where((d > 0)[:, None], tf.matmul(tf.constant(h), w), 0.0) ** 2
+
+    def oracle(w):
+        return tf.where((d > 0)[:, None], tf.matmul(tf.constant(h_safe), w), 0.0) ** 2
+
+    assert np.isnan(xla_grads(f, W)[0]).all()
+    got = xla_grads(hg.guard(f), W)[0]
+    assert_same(got, xla_grads(oracle, W)[0])
+    assert np.isfinite(got).all()

@@ -32,7 +32,7 @@ from jax.core import eval_jaxpr
 from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
 from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
 from hlo_guard.jax_frontend.compat import scan_layout
-from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
+from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal, is_inexact_aval
 from hlo_guard.jax_frontend.guarded_binding import (
     bind_sharing,
     bind_with_broadcast_guards,
@@ -312,13 +312,16 @@ class Scope:
             return {}
         found: dict[int, Any] = {}
         for i, v in enumerate(eqn.invars):
-            if isinstance(v, Literal):
+            if isinstance(v, Literal) or not is_inexact_aval(v.aval):
                 continue
             lv = self.analysis.use(node, i)
-            if lv.is_live or not lv.reaches_output:
+            if lv.is_live:
                 continue
             try:
-                mask = self.resolver.use_mask(node, i)
+                if lv.reaches_output:
+                    mask = self.resolver.use_mask(node, i)
+                else:  # carries no derivative (a constant): the lanes live outputs read
+                    mask = self.resolver.node_input_masks(node)[i]
             except ShadowUnavailable as exc:
                 self.record.skip(node, i, str(exc))
                 continue

@@ -146,19 +146,24 @@ class GuardPlan:
 
     @cached_property
     def guarded_contractions(self) -> frozenset[int]:
-        """Contraction nodes with a partly dead operand: bound with the
-        other operand's dead lanes zeroed in each derivative term
+        """Contraction nodes through which a derivative flows and whose output
+        (or an operand) is partly dead: bound with each operand's dead lanes
+        zeroed in the other operand's derivative term
         (:func:`guarded_binding.bind_with_contraction_guards`), because a
         select on the operand's use cannot stop ``0 * inf`` in the other
-        operand's cotangent."""
+        operand's cotangent.  The zeroed operand may carry no derivative at
+        all (a closed-over array normalised to ``0 / 0`` in a padded row)."""
         found = set()
         for node, eqn in enumerate(self.graph.eqns):
             if eqn.primitive.name not in GUARDED_CONTRACTIONS:
                 continue
-            for i in range(len(eqn.invars)):
-                lv = self.analysis.use(node, i)
-                if lv.reaches_output and not lv.is_live:
-                    found.add(node)
+            uses = [self.analysis.use(node, i) for i in range(len(eqn.invars))]
+            if not any(lv.reaches_output for lv in uses):
+                continue
+            out = self.analysis.value_liveness(eqn.outvars[0])
+            partly_dead_use = any(lv.reaches_output and not lv.is_live for lv in uses)
+            if partly_dead_use or (out.reaches_output and not out.is_live):
+                found.add(node)
         return frozenset(found)
 
     @cached_property

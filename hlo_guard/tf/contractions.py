@@ -31,18 +31,20 @@ from passes.analysis import Analysis
 
 
 def guarded_contractions(graph: TFGraph, analysis: Analysis) -> list[int]:
-    """Bilinear nodes with an operand whose use is partly dead (some lanes
-    reach an output's derivative, some do not)."""
+    """Bilinear nodes through which a derivative flows and whose output (or
+    an operand's use) is partly dead.  The operand whose dead lanes must be
+    zeroed may carry no derivative at all (a ``Const``)."""
     found = []
     for node in range(graph.node_count()):
         rule = RULES.get(graph.op_name(node))
         if not getattr(rule, "bilinear", False):
             continue
-        for i in range(len(graph.op(node).inputs)):
-            lv = analysis.use(node, i)
-            if lv.reaches_output and not lv.is_live:
-                found.append(node)
-                break
+        uses = [analysis.use(node, i) for i in range(len(graph.op(node).inputs))]
+        if not any(lv.reaches_output for lv in uses):
+            continue
+        outs = analysis.output_liveness(node)
+        if any(lv.reaches_output and not lv.is_live for lv in uses + outs):
+            found.append(node)
     return found
 
 

@@ -285,17 +285,20 @@ class Builder:
         return self.record
 
     def _contraction_masks(self, node: int) -> dict[int, tf.Tensor]:
-        """Each partly dead operand's use mask at its own shape (fully live
-        operands are left out; a mask that needs a stateful value twice is
+        """Each partly dead operand's use mask at its own shape, also of an
+        operand that carries no derivative (fully live operands are left out; a mask that needs a stateful value twice is
         skipped and reported, as a guard's would be)."""
         op = self.graph.op(node)
         found: dict[int, tf.Tensor] = {}
         for i, x in enumerate(self.original_inputs[node]):
             lv = self.analysis.use(node, i)
-            if lv.is_live or not lv.reaches_output:
+            if lv.is_live or not is_inexact(x.dtype):
                 continue
             try:
-                mask = self.resolver.use_mask(node, i)
+                if lv.reaches_output:
+                    mask = self.resolver.use_mask(node, i)
+                else:  # carries no derivative (a Const): the lanes live outputs read
+                    mask = self.resolver.node_input_masks(node)[i]
             except ShadowUnavailable as exc:
                 self.record.skipped.append((GuardSite(node, i, lv), str(exc)))
                 continue
