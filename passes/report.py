@@ -85,6 +85,8 @@ class Report:
             where = f" in {s.scope}" if s.scope else ""
             dead = " [every lane dead: stop_gradient]" if s.statically_dead else ""
             lines.append(f"  GUARD  {s.op} operand {s.operand} at {s.location}{where}{dead}")
+            if s.reason:
+                lines.append(f"         {s.reason}")
             if s.protects:
                 lines.append("         protects the chain: " + ", ".join(s.protects))
             for o in s.origins:

@@ -524,3 +524,36 @@ def test_dead_branch_inside_a_recomputing_custom_vjp_is_reported():
     hits = [s for s in report.unguarded if s.primitive == "custom_vjp_call"]
     assert len(hits) == 1 and "sqrt at" in hits[0].reason and "test_explain.py" in hits[0].reason
     assert not [s for s in report.unguarded if s.primitive == "custom_jvp_call"]
+
+
+def test_contraction_guards_are_listed_with_the_operand_they_zero():
+    """The selects a guarded contraction adds to the derivative show up in the
+    HLO; explain names them: each operand whose dead lanes the other
+    operand's derivative term reads as zero."""
+    d = jnp.array([0.0, 1.0, 2.0])
+    w = jnp.arange(6.0).reshape(3, 2) / 4.0
+
+    def padded_rows(w, d):
+        h = (1.0 / d)[:, None] * jnp.ones((1, 3))
+        return jnp.sum(jnp.where((d > 0)[:, None], h @ w, 0.0) ** 2)
+
+    report = explain(padded_rows, w, d)
+    zeroed = [s for s in report.guards if s.mode == "contraction"]
+    assert [(s.primitive, s.operand) for s in zeroed] == [("dot_general", 0), ("dot_general", 1)]
+    assert report.counts()["contraction"] == 2
+    assert "[contraction: the other operand's derivative reads its dead lanes as zero]" in str(
+        report
+    )
+    assert "d > 0" in zeroed[0].mask
+
+    # an operand with no derivative of its own (closed over) is listed too,
+    # its dead lanes taken from the contraction's output
+    with np.errstate(divide="ignore"):
+        h = (1.0 / np.asarray(d))[:, None] * np.ones((1, 3), np.float32)
+    rows = np.asarray(d) > 0
+
+    def closed_over(w):
+        return jnp.sum(jnp.where(rows[:, None], jnp.asarray(h) @ w, 0.0) ** 2)
+
+    zeroed = [s for s in explain(closed_over, w).guards if s.mode == "contraction"]
+    assert 0 in [s.operand for s in zeroed]

@@ -165,3 +165,11 @@ def test_a_constant_operand_with_an_inf_in_a_dead_row_is_zeroed_too():
     got = xla_grads(hg.guard(f), W)[0]
     assert_same(got, xla_grads(oracle, W)[0])
     assert np.isfinite(got).all()
+
+
+def test_the_report_lists_the_zeroed_operands():
+    text = str(hg.report(hg.guard(padded_rows), W, D))
+    assert "MatMul 'MatMul' operand 0" in text
+    assert "contraction: the other operand's gradient reads this operand's dead lanes as zero" in (
+        text
+    )

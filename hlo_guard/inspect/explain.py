@@ -32,7 +32,7 @@ from hlo_guard.inspect.render import Renderer, slice_text
 from hlo_guard.inspect.report_model import ExplainReport, OriginInfo, SiteInfo
 from hlo_guard.inspect.scopes import ScopeTree
 from hlo_guard.jax_frontend.compat import jit_inlines
-from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken
+from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken, is_inexact_aval
 from hlo_guard.jax_frontend.plan import plan_of
 from passes.lattice import Level
 from passes.planning import plan_guards, protected_hazards
@@ -167,6 +167,7 @@ class _Explainer:
                 continue  # reported below as skipped, not as a guard
             out.append(record)
         out.extend(self.output_sites(analysis, skipped_uses))
+        out.extend(self.contraction_sites(analysis, skipped_uses))
         for node, index, reason in skipped:
             if isinstance(index, tuple):  # ("output", j): a skipped forward-mode guard
                 out.append(self.skipped_output(analysis, node, index[1], reason))
@@ -287,6 +288,45 @@ class _Explainer:
                         level=_level_name(site.liveness.level),
                         node=node,
                         mask=_mask_text(origins, site.statically_dead),
+                    )
+                )
+        return out
+
+    def contraction_sites(self, analysis, skipped_uses) -> list[SiteInfo]:
+        """Contractions whose derivative reads an operand with its dead lanes
+        zeroed (``Scope.contraction_masks``): one entry per operand zeroed.
+        An operand that carries no derivative takes its dead lanes from the
+        contraction's output."""
+        graph = analysis.graph
+        out: list[SiteInfo] = []
+        for node in sorted(plan_of(analysis).guarded_contractions):
+            eqn = graph.eqns[node]
+            loc, _ = self.tree.location(graph, node)
+            for i, v in enumerate(eqn.invars):
+                if isinstance(v, Literal) or not is_inexact_aval(v.aval):
+                    continue
+                if (node, i) in skipped_uses:
+                    continue
+                lv = analysis.use(node, i)
+                if lv.is_live:
+                    continue
+                if not lv.reaches_output:
+                    lv = analysis.value_liveness(eqn.outvars[0])
+                origins = [self.origin(graph, node, i, tok) for tok in lv.origins]
+                out.append(
+                    SiteInfo(
+                        kind="guard",
+                        op=_op_name(eqn),
+                        location=loc,
+                        scope=graph.scope,
+                        operand=i,
+                        origins=origins,
+                        primitive=eqn.primitive.name,
+                        operand_expr=self.render.atom(graph, v),
+                        level=_level_name(lv.level),
+                        node=node,
+                        mode="contraction",
+                        mask=_mask_text(origins, False),
                     )
                 )
         return out

@@ -45,7 +45,9 @@ class SiteInfo(SiteRecord):
     mask: str = ""  # the dead lanes in words
     node: int | None = None  # equation index within its scope's jaxpr
     output: int | None = None  # forward-mode guard: which output is guarded
-    mode: str = "reverse"  # "reverse" (input guard) or "forward" (output guard)
+    #: "reverse" (input guard), "forward" (output guard) or "contraction" (the
+    #: operand's dead lanes zeroed in the other operand's derivative term)
+    mode: str = "reverse"
     # ``protects`` (SiteRecord): "sqrt at f.py:3", the chain's singular ops
 
 
@@ -93,6 +95,7 @@ class ExplainReport(Report):
         base["statically_dead"] = sum(1 for s in guards if s.statically_dead)
         base["partial"] = len(guards) - base["statically_dead"]
         base["forward_mode"] = sum(1 for s in guards if _get(s, "mode") == "forward")
+        base["contraction"] = sum(1 for s in guards if _get(s, "mode") == "contraction")
         by_cat: dict[str, int] = {}
         for s in self.unguarded:
             cat = _get(s, "category") or "other"
@@ -179,6 +182,12 @@ class ExplainReport(Report):
             ]
             if s.statically_dead:
                 lines.append("    every lane is dead: the guard is a plain stop_gradient")
+        elif s.kind == "guard" and _get(s, "mode") == "contraction":
+            operand = f" operand {s.operand}" + (f" (`{expr}`)" if expr else "")
+            lines = [
+                f"GUARD #{n}: {op}{operand} at {s.location or '?'}{scope} "
+                "[contraction: the other operand's derivative reads its dead lanes as zero]"
+            ]
         elif s.kind == "guard":
             operand = f" operand {s.operand}" + (f" (`{expr}`)" if expr else "")
             lines = [f"GUARD #{n}: {op}{operand} at {s.location or '?'}{scope}"]

@@ -113,6 +113,33 @@ def _guard_record(
     )
 
 
+def _contraction_records(graph, analysis, contractions, scope: str) -> list[SiteRecord]:
+    """One line per operand a guarded contraction zeroes in the other
+    operand's gradient (:mod:`hlo_guard.tf.contractions`); a ``Const``
+    operand's dead lanes are its output's."""
+    found = []
+    for op_name, indices in contractions:
+        node = graph.index[op_name]
+        op, loc, _ = _describe(graph, op_name)
+        for i in indices:
+            lv = analysis.use(node, i)
+            if not lv.reaches_output:
+                lv = analysis.output_liveness(node)[0]
+            found.append(
+                SiteRecord(
+                    "guard",
+                    op,
+                    loc,
+                    scope=scope,
+                    operand=i,
+                    origins=_origins(graph, lv),
+                    reason="contraction: the other operand's gradient reads this "
+                    "operand's dead lanes as zero",
+                )
+            )
+    return found
+
+
 def _collect(record: BuildRecord, scope: str, sites: list) -> None:
     """Sites of one graph, then of its guarded control-flow bodies (with a scope)."""
     graph = record.graph
@@ -135,6 +162,8 @@ def _collect(record: BuildRecord, scope: str, sites: list) -> None:
             "the inputs' is structurally zero"
         )
         sites.append(_guard_record(graph, applied, scope, operand=None, reason=reason))
+    if record.analysis is not None:
+        sites.extend(_contraction_records(graph, record.analysis, record.contractions, scope))
     for site, reason in record.skipped:
         op, loc, _ = _describe(graph, graph.ops[site.node].name)
         sites.append(
