@@ -58,14 +58,25 @@ def test_forward_mode_and_second_order_with_aux():
     np.testing.assert_allclose(jax.grad(d_loss)(2.0), jax.grad(d_loss_oracle)(2.0), rtol=1e-6)
 
 
-def test_without_has_aux_the_aux_output_is_live_and_reported_so():
-    """The reason for the flag: the aux output keeps every lane live, so
-    ``explain`` finds nothing to guard and the gradient is NaN."""
+def test_without_has_aux_the_aux_output_is_live_and_explain_says_what_to_do():
+    """The reason for the flag: the aux output keeps every lane live, so the
+    gradient is NaN and no guard is placed -- and ``explain`` says that
+    ``has_aux=True`` would place the missing guards."""
     assert np.isnan(jax.grad(hg.guard(loss_and_predictions), has_aux=True)(2.0, X, MASK)[0])
-    assert "nothing to guard" in str(hg.explain(hg.guard(loss_and_predictions), 2.0, X, MASK))
-    assert "nothing to guard" not in str(
-        hg.explain(hg.guard(loss_and_predictions, has_aux=True), 2.0, X, MASK)
-    )
+    report = hg.explain(hg.guard(loss_and_predictions), 2.0, X, MASK)
+    assert "nothing to guard" in str(report)
+    [note] = report.notes
+    assert "guard(f, has_aux=True) places 3 more guard site(s)" in note
+    assert note in str(report) and report.to_dict()["notes"] == [note]
+    with_aux = hg.explain(hg.guard(loss_and_predictions, has_aux=True), 2.0, X, MASK)
+    assert "nothing to guard" not in str(with_aux) and not with_aux.notes
+
+
+def test_no_note_when_the_second_output_keeps_nothing_live():
+    def loss_and_count(w, x, mask):
+        return jnp.sum(jnp.where(mask, jnp.sqrt(x * w), 0.0)), jnp.sum(mask)
+
+    assert not hg.explain(loss_and_count, 2.0, X, MASK).notes
 
 
 def test_a_function_that_returns_no_pair_is_refused():

@@ -34,7 +34,9 @@ from hlo_guard.inspect.scopes import ScopeTree
 from hlo_guard.jax_frontend.compat import jit_inlines
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken, is_inexact_aval
 from hlo_guard.jax_frontend.plan import plan_of
-from passes.lattice import Level
+from hlo_guard.jax_frontend.rule_table import RULES
+from passes.analysis import analyze
+from passes.lattice import LIVE, NO_DERIVATIVE, Level
 from passes.planning import plan_guards, protected_hazards
 
 
@@ -73,14 +75,50 @@ def build_report(progs: Programs) -> ExplainReport:
         if not plan_of(a).mask_only:  # a custom call's body: masks only, never guarded
             sites.extend(explainer.scope_sites(a))
     dumps = ProgramDumps(progs)
+    hint = _aux_hint(progs)
     report = ExplainReport(
         framework="jax",
         function=function_name(progs.guarded.fn),
         sites=sites,
         signature=progs.signature(),
+        notes=[hint] if hint else [],
         _dumps=dumps.show,
     )
     return report
+
+
+def _aux_hint(progs: Programs) -> str:
+    """A note when ``fn`` returns a pair whose second part keeps lanes live
+    that the first masks: guarded as it is, every output counts as
+    differentiated; if the second part is an aux that never is
+    (``jax.grad(..., has_aux=True)``), ``guard(f, has_aux=True)`` places the
+    guards this count says are missing."""
+    if getattr(progs.guarded, "has_aux", False):
+        return ""
+    out_tree = progs.program.out_tree
+    children = out_tree.children()
+    shape = jax.tree_util.tree_unflatten(out_tree, [0] * out_tree.num_leaves)
+    if not isinstance(shape, tuple) or len(children) != 2 or children[1].num_leaves == 0:
+        return ""
+    analysis = progs.program.analysis
+    n_out, n_aux = children[0].num_leaves, children[1].num_leaves
+    as_aux = analyze(analysis.graph, RULES, [LIVE] * n_out + [NO_DERIVATIVE] * n_aux)
+    missing = _guard_count(as_aux) - _guard_count(analysis)
+    if missing <= 0:
+        return ""
+    return (
+        f"note: {function_name(progs.guarded.fn)} returns a pair, and both parts count as "
+        f"differentiated; its second part keeps lanes the first masks live. If it is an aux "
+        f"output (jax.grad(..., has_aux=True)), guard(f, has_aux=True) places {missing} more "
+        f"guard site(s)"
+    )
+
+
+def _guard_count(analysis) -> int:
+    """Guard sites of a graph and the bodies analysed under it (gradient mode)."""
+    plan = plan_of(analysis)
+    own = 0 if plan.mask_only else sum(len(s) for s in plan.sites_for("gradient").values())
+    return own + sum(_guard_count(sub) for sub in analysis.subs.values())
 
 
 def _op_name(eqn) -> str:

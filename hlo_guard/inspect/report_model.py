@@ -80,6 +80,8 @@ def _origin_head(o: OriginRecord) -> str:
 @dataclass
 class ExplainReport(Report):
     signature: str = ""
+    #: remarks on the function as a whole (an aux output keeping lanes live)
+    notes: list[str] = field(default_factory=list)
     _dumps: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
@@ -132,6 +134,7 @@ class ExplainReport(Report):
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["signature"] = self.signature
+        d["notes"] = list(self.notes)
         index = {id(s): i for i, s in enumerate(self.sites)}
         d["groups"] = [
             {"origins": [asdict(o) for o in origins], "sites": [index[id(s)] for s in sites]}
@@ -151,6 +154,7 @@ class ExplainReport(Report):
             f"{c['statically_dead']} dead in every lane; "
             f"{c['unguarded']} unguarded site(s)",
         ]
+        lines.extend("  " + note for note in self.notes)
         if not self.sites:
             lines.append("  no lane of any operation is dead: nothing to guard")
         n = 0
