@@ -41,13 +41,26 @@ def _python_function(fn):
 class GuardedTFFunction:
     """``fn`` with gradient guards, as a TF-traceable callable."""
 
-    def __init__(self, fn: Callable, input_signature=None):
+    def __init__(self, fn: Callable, input_signature=None, has_aux: bool = False):
         _check_callable(fn, "hlo_guard.tf.guard")
+        if not isinstance(has_aux, bool):
+            raise GuardUsageError(
+                f"hlo_guard.tf.guard: has_aux must be True or False, got {has_aux!r}"
+            )
         self.fn = fn
         self.input_signature = input_signature
+        self.has_aux = has_aux
         self.python_function = _python_function(fn)
+        #: what runs when the guard cannot be applied: ``fn``, its aux stopped
         # the user's function as a tf.function, used only to trace it
         self._tracer = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
+        self._unguarded = self.python_function
+        if has_aux:
+            # the user's tf.function (autograph converts it) called from a
+            # wrapper autograph leaves alone, so a wrong result shape raises
+            # our own error; the nested call is inlined when traced
+            self._unguarded = _stop_aux_gradient(self._tracer)
+            self._tracer = tf.function(self._unguarded, autograph=False)
         self._records: dict[str, BuildRecord] = {}
         self.last_record: BuildRecord | None = None
 
@@ -93,7 +106,7 @@ class GuardedTFFunction:
             record = BuildRecord(None, None, fallback=reason)
             self._records[graph.name] = record
             self.last_record = record
-            return self.python_function(*args, **kwargs)
+            return self._unguarded(*args, **kwargs)
         for var in concrete.variables:
             # the imported graph reads the variable through a captured handle;
             # tell the tapes, as ReadVariableOp would, so gradients are not None
@@ -133,7 +146,9 @@ class GuardedTFFunction:
         key = f"_hlo_guard_bound_{id(self)}"
         bound = cache.get(key)
         if bound is None:
-            guarded = GuardedTFFunction(self.fn.__get__(obj, type(obj)), self.input_signature)
+            guarded = GuardedTFFunction(
+                self.fn.__get__(obj, type(obj)), self.input_signature, self.has_aux
+            )
             bound = guarded.wrapper
             bound.hlo_guard = guarded
             cache[key] = bound  # plain dict entry: not tracked by tf.Module/Keras
@@ -191,16 +206,46 @@ def _pack_outputs(structure, flat_outputs):
     return tf.nest.pack_sequence_as(structure, new, expand_composites=True)
 
 
-def guard(fn: Callable | None = None, input_signature=None):
+def _stop_aux_gradient(fn: Callable) -> Callable:
+    """``fn`` returning ``(output, stop_gradient(aux))``: an aux output (the
+    predictions beside a masked loss) is never differentiated, and as a
+    differentiable output it would keep every lane the loss masks live."""
+    import functools
+
+    @functools.wraps(fn)
+    def with_aux_stopped(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise GuardUsageError(
+                f"{getattr(fn, '__qualname__', fn)} was guarded with has_aux=True, so it must "
+                f"return a pair (output, aux); it returned {type(result).__name__}"
+            )
+        out, aux = result
+        stopped = tf.nest.map_structure(
+            lambda t: tf.stop_gradient(t) if isinstance(t, (tf.Tensor, tf.Variable)) else t, aux
+        )
+        return out, stopped
+
+    return with_aux_stopped
+
+
+def guard(fn: Callable | None = None, input_signature=None, has_aux: bool = False):
     """Return ``fn`` with gradient guards (usable as ``@guard``, ``guard(f)`` or
-    ``@guard(input_signature=[...])``)."""
+    ``@guard(input_signature=[...])``).  ``has_aux=True``: ``fn`` returns
+    ``(output, aux)`` and ``aux`` is returned gradient-stopped -- never
+    differentiated, so it does not keep the lanes ``output`` masks live."""
     if fn is None:
-        return lambda f: GuardedTFFunction(f, input_signature)
-    return GuardedTFFunction(fn, input_signature)
+        return lambda f: GuardedTFFunction(f, input_signature, has_aux)
+    return GuardedTFFunction(fn, input_signature, has_aux)
 
 
 def guarded_function(
-    fn: Callable | None = None, *, jit_compile=True, input_signature=None, **tf_function_kwargs
+    fn: Callable | None = None,
+    *,
+    jit_compile=True,
+    input_signature=None,
+    has_aux: bool = False,
+    **tf_function_kwargs,
 ):
     """``tf.function(guard(fn), jit_compile=jit_compile, ...)``.
 
@@ -209,7 +254,11 @@ def guarded_function(
     """
     if fn is None:
         return lambda f: guarded_function(
-            f, jit_compile=jit_compile, input_signature=input_signature, **tf_function_kwargs
+            f,
+            jit_compile=jit_compile,
+            input_signature=input_signature,
+            has_aux=has_aux,
+            **tf_function_kwargs,
         )
     _check_callable(fn, "hlo_guard.tf.guarded_function")
     known = set(inspect.signature(tf.function).parameters)
@@ -221,7 +270,7 @@ def guarded_function(
         )
     # the signature is the outer tf.function's: it also knows, used as a method
     # decorator, that it describes the arguments after ``self``
-    guarded = GuardedTFFunction(fn, None)
+    guarded = GuardedTFFunction(fn, None, has_aux)
 
     def call(*args, **kwargs):
         return guarded.wrapper(*args, **kwargs)
