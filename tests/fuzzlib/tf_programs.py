@@ -230,6 +230,15 @@ class _Lanes(LaneEvaluator):
         raise TypeError(type(node).__name__)
 
 
+def forward_comparable(root, x, y) -> bool:
+    """Whether the guarded and plain forward values must agree bitwise: not
+    when a NaN meets a max/min/clip, which XLA's fast CPU min/max resolves
+    differently in two compilations even for programs that differ only in
+    ``select``s whose values equal their inputs (checked: with
+    ``--xla_cpu_enable_fast_min_max=false`` both give NaN)."""
+    return not _nan_meets_min_max(root, decisions_of(root, x, y))
+
+
 def _nan_meets_min_max(root, decisions) -> bool:
     """A NaN among the operands of a ``maximum``/``minimum``/clip.  XLA's CPU
     min/max (``xla_cpu_enable_fast_min_max``, on in TF) may return the NaN or
