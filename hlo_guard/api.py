@@ -99,6 +99,12 @@ class GuardedFunction:
         self._bound_to_class: dict[Any, GuardedFunction] = {}
         functools.update_wrapper(self, fn)
 
+    @property
+    def original(self) -> Callable:
+        """The user's function as the guard traces it (``has_aux``: its aux
+        gradient-stopped): the unguarded side of comparisons and dumps."""
+        return self._traced_fn
+
     def traced(self, *args, **kwargs):
         """(program, flat dynamic leaves) for these arguments, tracing on a cache miss."""
         key, leaves, avals, layout, static = signature_of(

@@ -98,3 +98,12 @@ def test_decorator_and_method_forms_keep_has_aux():
     grad = jax.grad(Model.loss, has_aux=True)(2.0, X, MASK)[0]
     assert np.isfinite(grad)
     assert "has_aux=True" in repr(hg.guard(loss_and_predictions, has_aux=True))
+
+
+def test_compare_differentiates_neither_sides_aux():
+    """``compare`` of a has_aux guard compares against the function as the
+    guard traces it (aux stopped too): otherwise every lane of d(aux) would
+    count as "moved" by the guard."""
+    result = hg.compare(hg.guard(loss_and_predictions, has_aux=True), 2.0, X, MASK)
+    assert result.ok(), str(result)
+    assert result.fixed() >= 1  # the NaN d/dw is the lane the guard fixes

@@ -116,7 +116,7 @@ class Programs:
         """(*leaves) -> list of output leaves, for ``which`` in original/guarded."""
         if which not in ("original", "guarded"):
             raise ValueError(f"which must be 'original' or 'guarded', got {which!r}")
-        target = self.guarded if which == "guarded" else self.guarded.fn
+        target = self.guarded if which == "guarded" else self.guarded.original
         layout, static, n_args = self.program.layout, self.static, self.n_args
 
         def flat_fn(*leaves):
