@@ -13,6 +13,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.extend import source_info_util
 
+from hlo_guard.jax_frontend.compat import restage
 from hlo_guard.jax_frontend.graph import is_inexact_aval
 
 
@@ -30,7 +31,12 @@ def eqn_context(eqn):
 
 def bind_eqn(eqn, invals):
     """Bind ``eqn``'s primitive with its own parameters to ``invals``; always
-    a list of outputs."""
+    a list of outputs.  Inside a jaxpr trace an unchanged equation is copied
+    rather than bound (:func:`compat.restage`): the same equation, staged at
+    a fraction of the cost."""
+    out = restage(eqn, invals)
+    if out is not None:
+        return out
     params = eqn.primitive.get_bind_params(eqn.params)
     subfuns, bind_params = params if isinstance(params, tuple) else ([], params)
     out = eqn.primitive.bind(*subfuns, *invals, **bind_params)

@@ -1,4 +1,4 @@
-"""The two places where hlo_guard reaches into JAX internals, kept together.
+"""The places where hlo_guard reaches into JAX internals, kept together.
 
 JAX 0.10 has no public way to
 
@@ -12,9 +12,16 @@ JAX 0.10 has no public way to
   away, a division by ``n`` turned into a multiplication): to be bitwise equal
   to eager ``f``, eager ``guard(f)`` must see those boundaries too.
 
-Both hooks degrade gracefully: if the internal name is gone, the cache is
-simply not cleared by ``jax.clear_caches()`` (it stays bounded) and inline
-jits are inlined as JAX does by default (values may then differ by an ulp).
+* stage an equation it re-evaluates unchanged into the jaxpr being traced by
+  *copying* it (:func:`restage`), as JAX's own ``inline_jaxpr_into_trace``
+  does, instead of binding it again: binding re-runs the primitive's dispatch
+  and shape rule, which made the rewrite cost more than tracing the user's
+  function in the first place (issue 17, item 3).
+
+The hooks degrade gracefully: if the internal name is gone, the cache is
+simply not cleared by ``jax.clear_caches()`` (it stays bounded), inline
+jits are inlined as JAX does by default (values may then differ by an ulp),
+and equations are bound again instead of copied (slower, same jaxpr).
 ``tests/test_api_memory.py`` and ``tests/test_eager_bitwise.py`` check that
 the hooks are active on the installed JAX.
 """
@@ -155,6 +162,77 @@ def primitive_jvp(prim):
         return ad_util.Zero(jax.typeof(x).to_tangent_aval())
 
     return rule, zero, ad_util.Zero
+
+
+# -- staging a re-evaluated equation by copying it ------------------------------
+
+
+def _restage_internals():
+    try:
+        from jax._src import core as jcore
+        from jax._src import source_info_util
+        from jax._src.interpreters import partial_eval as pe
+    except ImportError:  # pragma: no cover - a future JAX
+        return None
+    trace_type = getattr(pe, "DynamicJaxprTrace", None)
+    tracer_type = getattr(pe, "DynamicJaxprTracer", None)
+    rules = getattr(pe, "custom_staging_rules", None)
+    if (
+        trace_type is None
+        or tracer_type is None
+        or rules is None
+        or not hasattr(trace_type, "emit_eqn")
+        or not hasattr(jcore, "trace_ctx")
+    ):  # pragma: no cover - a future JAX
+        return None
+    return jcore.trace_ctx, trace_type, tracer_type, rules, source_info_util.current, jcore.Literal
+
+
+_RESTAGE = _restage_internals()
+
+
+def restage_available() -> bool:
+    """Whether :func:`restage` can copy equations on the installed JAX."""
+    return _RESTAGE is not None
+
+
+def restage(eqn, invals):
+    """``eqn`` staged again into the jaxpr being traced, reading ``invals``,
+    by copying it: its primitive, parameters and output types as they are,
+    without re-running the primitive's dispatch and shape rule.  Returns the
+    output tracers, or None where copying is not the same as binding -- then
+    the caller binds.
+
+    Copying is what ``bind`` would do exactly when the current trace is a
+    plain jaxpr trace (not a JVP, batching or eager evaluation), every operand
+    is a tracer of that trace with the type the equation was traced with (a
+    guard's select keeps its operand's type, so guarded operands qualify), and
+    the primitive has no staging rule of its own (calls, whose rule may inline
+    or forward) and no effects (whose operands JAX re-resolves).  The source
+    location is the one ``bind`` would record (the caller's ``eqn_context``)."""
+    if _RESTAGE is None:
+        return None
+    trace_ctx, trace_type, tracer_type, rules, current_source, literal = _RESTAGE
+    trace = trace_ctx.trace
+    if type(trace) is not trace_type or eqn.effects or eqn.primitive in rules:
+        return None
+    source = None
+    tracers = []
+    for v, x in zip(eqn.invars, invals):
+        if type(v) is literal:
+            if source is None:
+                source = current_source()
+            tracers.append(tracer_type(trace, v.aval, v, source))
+            continue
+        if type(x) is not tracer_type or x._trace is not trace or x.aval != v.aval:
+            return None
+        tracers.append(x)
+    out_avals = [v.aval for v in eqn.outvars]
+    if any(getattr(a, "has_qdd", False) for a in out_avals):
+        return None  # mutable state: its type evolves, leave it to bind
+    if source is None:
+        source = current_source()
+    return trace.emit_eqn(tracers, out_avals, eqn.primitive, eqn.params, eqn.effects, source)
 
 
 # -- primitive parameters that moved between JAX versions ----------------------

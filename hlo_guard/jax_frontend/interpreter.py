@@ -1,8 +1,12 @@
 """Re-evaluate a jaxpr with gradient guards (the custom-interpreter pattern).
 
-Each equation is re-bound as ``core.eval_jaxpr`` does, inside its own source
-context so that guards and re-bound operations keep the user's file:line in
-jaxprs and HLO metadata.  Before an equation runs, every planned use gets
+Each equation is re-evaluated as ``core.eval_jaxpr`` does, inside its own
+source context so that guards and re-evaluated operations keep the user's
+file:line in jaxprs and HLO metadata.  Inside a jaxpr trace (``jit``,
+``make_jaxpr``) an equation whose operands keep their types is *copied* into
+the new jaxpr rather than bound again (:func:`compat.restage`, what JAX's own
+``inline_jaxpr_into_trace`` does); guards, masks and rewritten call bodies
+are bound.  Before an equation runs, every planned use gets
 
     x_g = select(mask, x, stop_gradient(x))
 

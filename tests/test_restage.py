@@ -1,0 +1,136 @@
+"""Copying re-evaluated equations into the jaxpr being traced (``compat.restage``).
+
+The interpreter re-evaluates every equation of the user's jaxpr; inside a
+jaxpr trace it copies an equation instead of binding it again (issue 17,
+item 3: binding re-runs dispatch and the shape rule, which made the rewrite
+cost more than tracing the user's function).  Oracle: the same guarded
+program traced with copying switched off, i.e. every equation bound -- the
+jaxpr, the source locations and the gradients must be the same.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend import source_info_util
+
+import hlo_guard
+from hlo_guard.jax_frontend import compat
+from hlo_guard.jax_frontend.binding import bind_eqn
+
+
+def model(x, w):
+    h = x @ w
+    safe = jnp.where(h > 0, jnp.sqrt(h), 0.0)
+    ratio = jnp.where(jnp.abs(x) > 0.5, 1.0 / x, 0.0).sum(axis=1, keepdims=True)
+    y = jnp.maximum(safe, 0.1) * ratio + jnp.tanh(h) * 2
+    return jnp.log1p(jnp.abs(y)).mean() + lax.cumsum(y, axis=1)[:, -1].sum()
+
+
+ARGS = (
+    jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(4, 3),
+    jnp.linspace(-0.5, 0.7, 6, dtype=jnp.float32).reshape(3, 2),
+)
+
+
+def _without_restage(monkeypatch, fn):
+    with monkeypatch.context() as m:
+        m.setattr(compat, "_RESTAGE", None)
+        return fn()
+
+
+def _locations(jaxpr):
+    return [source_info_util.summarize(e.source_info) for e in jaxpr.eqns]
+
+
+def test_copying_is_active_on_the_installed_jax():
+    # if JAX moved the internals, equations are silently bound again: slower
+    assert compat.restage_available()
+
+
+def test_copied_program_equals_the_bound_one(monkeypatch):
+    copied = jax.make_jaxpr(hlo_guard.guard(model))(*ARGS)
+    bound = _without_restage(monkeypatch, lambda: jax.make_jaxpr(hlo_guard.guard(model))(*ARGS))
+    assert str(copied) == str(bound)
+    assert _locations(copied.jaxpr) == _locations(bound.jaxpr)
+    # the user's own lines survive copying (not the interpreter's)
+    assert any("test_restage.py" in loc for loc in _locations(copied.jaxpr))
+
+
+def test_copied_gradients_equal_the_bound_ones_and_the_double_where(monkeypatch):
+    def double_where(x, w):
+        h = x @ w
+        pos = h > 0
+        safe = jnp.where(pos, jnp.sqrt(jnp.where(pos, h, 1.0)), 0.0)
+        big = jnp.abs(x) > 0.5
+        ratio = jnp.where(big, 1.0 / jnp.where(big, x, 1.0), 0.0).sum(axis=1, keepdims=True)
+        y = jnp.maximum(safe, 0.1) * ratio + jnp.tanh(h) * 2
+        return jnp.log1p(jnp.abs(y)).mean() + lax.cumsum(y, axis=1)[:, -1].sum()
+
+    x, w = ARGS
+    x = x.at[0, 0].set(0.0)  # a dead lane at 1/x's pole
+    g = jax.grad(hlo_guard.guarded_jit(model), argnums=(0, 1))(x, w)
+    g_bound = _without_restage(
+        monkeypatch, lambda: jax.grad(hlo_guard.guarded_jit(model), argnums=(0, 1))(x, w)
+    )
+    g_dw = jax.grad(double_where, argnums=(0, 1))(x, w)
+    for a, b, c in zip(g, g_bound, g_dw):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-6)
+
+
+def _one_eqn(fn, *args):
+    (eqn,) = jax.make_jaxpr(fn)(*args).jaxpr.eqns
+    return eqn
+
+
+def test_copies_only_where_binding_would_give_the_same_equation():
+    add = _one_eqn(lambda a, b: a + b, jnp.ones(3), jnp.ones(3))
+    seen = {}
+
+    def traced(a, b):
+        seen["same types"] = compat.restage(add, [a, b])
+        # an operand of another type (weak, other dtype): binding re-derives
+        # the output type, so copying would be wrong
+        seen["other dtype"] = compat.restage(add, [a.astype(jnp.float16), b.astype(jnp.float16)])
+        with jax.ensure_compile_time_eval():
+            seen["eager"] = compat.restage(add, [np.ones(3, np.float32)] * 2)
+        return a
+
+    jax.make_jaxpr(traced)(jnp.ones(3), jnp.ones(3))
+    assert seen["same types"] is not None and len(seen["same types"]) == 1
+    assert seen["other dtype"] is None
+    assert seen["eager"] is None
+    # outside any jaxpr trace (eager evaluation, or under a JVP) it binds
+    assert compat.restage(add, [jnp.ones(3), jnp.ones(3)]) is None
+    out = jax.jvp(lambda a: bind_eqn(add, [a, a])[0], (jnp.ones(3),), (jnp.ones(3),))
+    np.testing.assert_array_equal(out[1], 2 * np.ones(3))
+
+
+def test_calls_and_effects_are_bound_not_copied():
+    call = _one_eqn(jax.jit(lambda a: a * 2), jnp.ones(3))
+    printing = _one_eqn(lambda a: (jax.debug.print("{}", a), a)[1], jnp.ones(3))
+    assert printing.effects
+    seen = {}
+
+    def traced(a):
+        seen["call"] = compat.restage(call, [a])
+        seen["effect"] = compat.restage(printing, [a])
+        return a
+
+    jax.make_jaxpr(traced)(jnp.ones(3))
+    assert seen == {"call": None, "effect": None}
+
+
+@pytest.mark.parametrize("weak", [True, False])
+def test_literal_operands_are_copied_as_literals(weak):
+    x = 2.0 if weak else jnp.float32(2.0)
+    scale = _one_eqn(lambda a: a * 3.0, x)
+    got = jax.make_jaxpr(lambda a: compat.restage(scale, [a, 3.0])[0])(x)
+    (eqn,) = got.jaxpr.eqns
+    assert eqn.primitive.name == "mul"
+    assert str(eqn.invars[1]) == str(scale.invars[1])
