@@ -394,3 +394,81 @@ def test_a_live_row_with_an_inf_stays_a_genuine_singularity():
         return jnp.sum(jnp.where((d >= 0)[:, None], h @ w, 0.0))
 
     assert not np.isfinite(np.asarray(jax.grad(guard(f))(W, d))).all()
+
+
+def l2_normalize(x):
+    """QK-norm as written in the wild: ``jnp.sum(..., keepdims=True)`` is a
+    ``reduce_sum`` followed by a ``broadcast_in_dim`` that only inserts a
+    size-1 axis, which replicates nothing and so keeps lanes apart."""
+    n2 = jnp.sum(x * x, axis=-1, keepdims=True)
+    return jnp.where(n2 > 0, x * jax.lax.rsqrt(n2), 0.0)
+
+
+def l2_normalize_oracle(x):
+    n2 = jnp.sum(x * x, axis=-1, keepdims=True)
+    pos = n2 > 0
+    return jnp.where(pos, x * jax.lax.rsqrt(jnp.where(pos, n2, 1.0)), 0.0)
+
+
+ROWS = jnp.array([[0.0, 0.0, 0.0], [1.0, -2.0, 0.5], [0.0, 3.0, 0.0]])
+
+
+def test_a_keepdims_reduction_is_inside_its_region():
+    """``rsqrt(n2)`` is not a boundary: its operand is a keepdims sum, whose
+    dead rows receive only dead rows' cotangents.  The guards sit where
+    ``x`` enters (read by ``x * x`` and by ``x * rsqrt``: a join) and on the
+    row norm that ``x * rsqrt(n2)`` broadcasts (lane-mixing as far as the
+    placement can tell), no longer on ``n2`` as well: 3 selects, was 4."""
+    from hlo_guard import explain
+
+    sites = explain(l2_normalize, ROWS).guards
+    assert sites and not [s for s in sites if s.primitive == "rsqrt"]
+    assert _guard_selects(l2_normalize, ROWS) == 3
+    f = lambda x: jnp.sum(l2_normalize(x) * jnp.arange(3.0))  # noqa: E731
+    g = lambda x: jnp.sum(l2_normalize_oracle(x) * jnp.arange(3.0))  # noqa: E731
+    for name, d in MODES.items():
+        got, want = np.asarray(d(guard(f))(ROWS)), np.asarray(d(g)(ROWS))
+        assert np.all(np.isfinite(want)), name
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_a_broadcast_that_replicates_is_still_lane_mixing():
+    """The same chain through a broadcast that copies a row's norm to every
+    lane of the row (``broadcast_in_dim`` to a wider shape) keeps its guard
+    on ``n2``; the double where's gradient in every mode either way."""
+
+    def spread(x):
+        n2 = jnp.broadcast_to(jnp.sum(x * x, axis=-1)[:, None], x.shape)
+        return jnp.where(n2 > 0, jnp.sqrt(n2) * x, 0.0)
+
+    def spread_oracle(x):
+        n2 = jnp.broadcast_to(jnp.sum(x * x, axis=-1)[:, None], x.shape)
+        pos = n2 > 0
+        return jnp.where(pos, jnp.sqrt(jnp.where(pos, n2, 1.0)) * x, 0.0)
+
+    from hlo_guard.jax_frontend.graph import JaxprGraph
+    from hlo_guard.jax_frontend.rules import RULES
+    from passes import analyze
+
+    jaxpr = jax.make_jaxpr(spread)(ROWS).jaxpr
+    an = analyze(JaxprGraph(jaxpr), RULES)
+    bcast = [n for n, e in enumerate(jaxpr.eqns) if e.primitive.name == "broadcast_in_dim"]
+    rule = an.rules.get("broadcast_in_dim")
+    apart = {
+        (jaxpr.eqns[n].invars[0].aval.shape, jaxpr.eqns[n].outvars[0].aval.shape): (
+            rule.keeps_lanes_apart(an, n)
+        )
+        for n in bcast
+    }
+    # `[:, None]` inserts an axis (apart); `broadcast_to` copies it (mixing)
+    assert apart == {((3,), (3, 1)): True, ((3, 1), (3, 3)): False}
+    f = lambda x: jnp.sum(spread(x) * jnp.arange(3.0))  # noqa: E731
+    g = lambda x: jnp.sum(spread_oracle(x) * jnp.arange(3.0))  # noqa: E731
+    for name, d in MODES.items():
+        np.testing.assert_allclose(
+            np.asarray(d(guard(f))(ROWS)),
+            np.asarray(d(g)(ROWS)),
+            rtol=1e-6,
+            atol=1e-7,
+            err_msg=name,
+        )

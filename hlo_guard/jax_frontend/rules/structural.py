@@ -17,6 +17,7 @@ numpy constant: slicing a literal never costs a traced op.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
@@ -395,6 +396,15 @@ class _Transpose(_BoolLayout):
 
 
 class _BroadcastInDim(_BoolLayout):
+    def keeps_lanes_apart(self, analysis, node) -> bool:
+        """A broadcast that replicates nothing -- it only inserts size-1 axes,
+        as ``jnp.sum(..., keepdims=True)`` does after its reduction -- is a
+        reshape: each output lane reads exactly one input lane.  A broadcast
+        that replicates sums every copy's cotangent into one lane: mixing."""
+        eqn = analysis.graph.eqns[node]
+        in_size = math.prod(aval_shape(eqn.invars[0]))
+        return in_size > 0 and in_size == math.prod(aval_shape(eqn.outvars[0]))
+
     @staticmethod
     def _expanded(eqn):
         """Operand axes of size 1 that are stretched to a larger size."""
