@@ -60,3 +60,14 @@ def test_tf_workload_guarded_gradient_matches_double_where(name):
     result = check(name, TF_WORKLOADS[name]["sizes"]["tiny"][0], guard)
     assert result["gradient_equal"]
     assert result["nonfinite_lanes"]["unguarded_xla"] > 0
+
+
+def test_guard_class_breakdown_switches_each_class_off():
+    """``benchmarks/guard_classes.py`` compiles the gradient without the
+    contraction guards, then also without the forward-mode output guards: each
+    switch must remove instructions, else the script measures nothing."""
+    from benchmarks.guard_classes import measure
+
+    row = measure("attention", "tiny")
+    counts = [row[k][0] for k in ("guarded", "no contraction guards", "boundary guards only")]
+    assert counts[0] > counts[1] > counts[2] >= row["unguarded"][0]
