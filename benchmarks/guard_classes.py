@@ -28,7 +28,6 @@ costs.  It reaches into the front end's plan (``plan.GUARDED_CONTRACTIONS``,
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from contextlib import contextmanager
 
@@ -37,7 +36,7 @@ import jax
 import hlo_guard
 from benchmarks.hlo_stats import parse_hlo
 
-DEFAULT = ("mlp", "attention", "transformer_block")
+DEFAULT = ("mlp", "attention", "transformer_block", "transformer_2layer")
 
 
 def _instructions(fn, args) -> tuple[int, int]:
@@ -62,7 +61,11 @@ def _without(contractions: bool, outputs: bool):
 
 
 def measure(name: str, size: str) -> dict:
-    workload = importlib.import_module(f"benchmarks.workloads.{name}").WORKLOAD
+    from benchmarks.workloads import ALL
+
+    workload = next((w for w in ALL if w.name == name), None)
+    if workload is None:
+        raise SystemExit(f"no workload {name!r}; known: {', '.join(w.name for w in ALL)}")
     args = workload.make_inputs(workload.sizes[size][0])
     row = {
         "workload": name,
