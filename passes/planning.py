@@ -152,7 +152,9 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     for v in graph.graph_outputs():
         if v is not None and _hashable(v) and graph.carries_derivative(v):
             output_reads[v] = output_reads.get(v, 0) + 1
-    uses = _uses_by_value(analysis)
+    # the uses the analysis recorded: those that carry a derivative to an
+    # output, the only ones ``decide`` guards (``partly_dead``)
+    uses = analysis.uses
     tangent_hazard = _tangent_hazards(analysis, input_list, ctx.input_tangent_hazards)
     nested_keys: dict = {}
     keys = ctx.keys if ctx.keys is not None else _mask_keys(analysis, None, nested_keys)
@@ -351,10 +353,12 @@ def _tangent_hazards(analysis: Analysis, input_list: list, given) -> dict:
         if v is not None and _hashable(v):
             hazard[v] = True if given is None or k >= len(given) else given[k]
     for node in range(graph.node_count()):
-        rule = rules.get(graph.op_name(node))
-        blows_up = rule is None or rule.tangent_may_be_nonfinite(analysis, node)
+        # the inputs first: a dict lookup each, and downstream of the first
+        # hazard they answer for most nodes without asking the rule
+        blows_up = any(_may_blow_up(hazard, v) for v in graph.node_inputs(node))
         if not blows_up:
-            blows_up = any(_may_blow_up(hazard, v) for v in graph.node_inputs(node))
+            rule = rules.get(graph.op_name(node))
+            blows_up = rule is None or rule.tangent_may_be_nonfinite(analysis, node)
         for v in graph.node_outputs(node):
             if v is not None and _hashable(v):
                 hazard[v] = blows_up
@@ -377,16 +381,6 @@ def _hashable(v) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _uses_by_value(analysis: Analysis) -> dict:
-    graph = analysis.graph
-    uses: dict = {}
-    for node in range(graph.node_count()):
-        for i, v in enumerate(graph.node_inputs(node)):
-            if v is not None and _hashable(v):
-                uses.setdefault(v, []).append((node, i))
-    return uses
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Copying re-evaluated equations into the jaxpr being traced (``compat.restage``).
+"""What keeps the rewrite's trace cost down, checked for sameness: copying
+re-evaluated equations into the jaxpr being traced (``compat.restage``), and
+the per-dtype answer of ``is_inexact_aval`` (asked several times per equation).
 
 The interpreter re-evaluates every equation of the user's jaxpr; inside a
 jaxpr trace it copies an equation instead of binding it again (issue 17,
@@ -134,3 +136,27 @@ def test_literal_operands_are_copied_as_literals(weak):
     (eqn,) = got.jaxpr.eqns
     assert eqn.primitive.name == "mul"
     assert str(eqn.invars[1]) == str(scale.invars[1])
+
+
+def test_inexact_dtype_answers_are_stable_when_cached():
+    """The pass asks ``is_inexact_aval`` several times per equation and keeps the
+    answer per dtype; a cached answer must be the first one, for every kind of
+    dtype the front end meets (bfloat16 and float8 are JAX's, float0 is a
+    tangent's, a PRNG key's dtype is an extended one)."""
+    from hlo_guard.jax_frontend.graph import is_inexact_aval
+
+    key = jax.random.key(0)
+    cases = {
+        jnp.float32: True,
+        jnp.bfloat16: True,
+        jnp.float8_e4m3fn: True,
+        jnp.complex64: True,
+        jnp.int32: False,
+        jnp.bool_: False,
+    }
+    for _ in range(2):  # the second round answers from the cache
+        for dtype, want in cases.items():
+            assert is_inexact_aval(jax.core.ShapedArray((2,), jnp.dtype(dtype))) is want
+        assert is_inexact_aval(jax.typeof(key)) is False
+        assert is_inexact_aval(jax.core.ShapedArray((), jax.dtypes.float0)) is False
+        assert is_inexact_aval(object()) is False

@@ -8,6 +8,7 @@ are mapped to ``None`` here and nowhere else.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import jax
 import numpy as np
@@ -21,10 +22,26 @@ def is_literal(atom) -> bool:
     return isinstance(atom, Literal)
 
 
+#: dtype -> whether it is inexact: asked several times per equation by every
+#: sweep of the pass, and ``jax.dtypes.issubdtype`` is slow for what it does
+_INEXACT: dict[Any, bool] = {}
+
+
 def is_inexact_aval(aval) -> bool:
     dtype = getattr(aval, "dtype", None)
     if dtype is None:
         return False
+    try:
+        return _INEXACT[dtype]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable dtype: ask every time
+        return _inexact(dtype)
+    found = _INEXACT[dtype] = _inexact(dtype)
+    return found
+
+
+def _inexact(dtype) -> bool:
     try:
         # jax.dtypes knows bfloat16 and the float8 types (numpy does not)
         return bool(jax.dtypes.issubdtype(dtype, np.inexact)) and dtype != jax.dtypes.float0
@@ -71,6 +88,10 @@ class JaxprGraph:
         self._origins: dict[int, OriginToken] = {}
         self._constant_inputs = frozenset(constant_inputs)
         self._constants: frozenset | None = None
+        #: per node, its inputs and outputs as the engine sees them (every sweep
+        #: asks for them; the jaxpr never changes under a graph)
+        self._inputs: list[list[Hashable | None] | None] = [None] * len(self.eqns)
+        self._outputs: list[list[Hashable | None] | None] = [None] * len(self.eqns)
 
     # -- passes.graph.Graph --------------------------------------------------
     def node_count(self) -> int:
@@ -80,10 +101,20 @@ class JaxprGraph:
         return self.eqns[node].primitive.name
 
     def node_inputs(self, node: int) -> list[Hashable | None]:
-        return [None if isinstance(v, Literal) else v for v in self.eqns[node].invars]
+        found = self._inputs[node]
+        if found is None:
+            found = self._inputs[node] = [
+                None if isinstance(v, Literal) else v for v in self.eqns[node].invars
+            ]
+        return found
 
     def node_outputs(self, node: int) -> list[Hashable | None]:
-        return [None if isinstance(v, DropVar) else v for v in self.eqns[node].outvars]
+        found = self._outputs[node]
+        if found is None:
+            found = self._outputs[node] = [
+                None if isinstance(v, DropVar) else v for v in self.eqns[node].outvars
+            ]
+        return found
 
     def graph_outputs(self) -> list[Hashable | None]:
         return [None if isinstance(v, Literal) else v for v in self.jaxpr.outvars]
