@@ -160,3 +160,25 @@ def test_inexact_dtype_answers_are_stable_when_cached():
         assert is_inexact_aval(jax.typeof(key)) is False
         assert is_inexact_aval(jax.core.ShapedArray((), jax.dtypes.float0)) is False
         assert is_inexact_aval(object()) is False
+
+
+def test_a_high_level_primitive_is_bound_not_copied():
+    """A primitive that says it is high-level marks the jaxpr it is staged into
+    (``bind`` sets the trace's flag); copying would skip that, so it binds."""
+    from jax.extend.core import Primitive
+
+    high = Primitive("hlo_guard_test_high")
+    high.def_abstract_eval(lambda a: a)
+    high.is_high = lambda *avals, **params: True
+    try:
+        eqn = _one_eqn(high.bind, jnp.ones(3))
+    except Exception as exc:  # a JAX that cannot stage it at all: nothing to copy
+        pytest.skip(f"this JAX does not stage a high-level test primitive: {exc}")
+    seen = {}
+
+    def traced(a):
+        seen["high"] = compat.restage(eqn, [a])
+        return a
+
+    jax.make_jaxpr(traced)(jnp.ones(3))
+    assert seen == {"high": None}

@@ -230,6 +230,9 @@ def restage(eqn, invals):
     out_avals = [v.aval for v in eqn.outvars]
     if any(getattr(a, "has_qdd", False) for a in out_avals):
         return None  # mutable state: its type evolves, leave it to bind
+    is_high = getattr(eqn.primitive, "is_high", None)
+    if is_high is not None and is_high(*(t.aval for t in tracers), **eqn.params):
+        return None  # a high-level primitive marks the jaxpr it is staged into
     if source is None:
         source = current_source()
     return trace.emit_eqn(tracers, out_avals, eqn.primitive, eqn.params, eqn.effects, source)
