@@ -472,3 +472,25 @@ def test_a_broadcast_that_replicates_is_still_lane_mixing():
             atol=1e-7,
             err_msg=name,
         )
+
+
+def test_a_taken_zero_row_through_a_keepdims_sum_stays_a_genuine_singularity():
+    """With ``n2 >= 0`` the all-zero row takes ``x * rsqrt(n2)``: ``rsqrt'(0)``
+    is a genuine singularity on a live lane, and widening the region through
+    the keepdims sum must not hide it (the double where is non-finite too)."""
+
+    def taken(x):
+        n2 = jnp.sum(x * x, axis=-1, keepdims=True)
+        return jnp.sum(jnp.where(n2 >= 0, x * jax.lax.rsqrt(n2), 0.0) * jnp.arange(3.0))
+
+    def taken_oracle(x):
+        n2 = jnp.sum(x * x, axis=-1, keepdims=True)
+        pos = n2 >= 0
+        safe = jnp.where(pos, x * jax.lax.rsqrt(jnp.where(pos, n2, 1.0)), 0.0)
+        return jnp.sum(safe * jnp.arange(3.0))
+
+    got = np.asarray(jax.grad(guard(taken))(ROWS))
+    want = np.asarray(jax.grad(taken_oracle)(ROWS))
+    assert not np.isfinite(want[0]).all()
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_allclose(got[1:], want[1:], rtol=1e-6)
