@@ -395,7 +395,9 @@ def plan_output_guards(backward: Analysis, forward) -> list[OutputGuardSite]:
 
     Only outputs whose derivative is used at all (backward liveness reaches an
     output) and whose tangent is not fully live are guarded, and only for
-    operations whose rule says their derivative may be non-finite.
+    operations whose rule says their derivative may be non-finite -- except
+    a call whose body guards those operations itself
+    (:meth:`Rule.body_guards_own_outputs`).
     """
     graph = backward.graph
     rules = backward.rules
@@ -412,6 +414,8 @@ def plan_output_guards(backward: Analysis, forward) -> list[OutputGuardSite]:
                 continue
             if not backward.value_liveness(v).reaches_output:
                 continue
-            if rule.guards_output(backward, node, j):
+            if rule.guards_output(backward, node, j) and not rule.body_guards_own_outputs(
+                backward, forward, node
+            ):
                 sites.append(OutputGuardSite(node, j, t))
     return sites

@@ -109,6 +109,14 @@ class Rule:
         finite cotangent by 0 or 1."""
         return False
 
+    def body_guards_own_outputs(self, backward, forward, node: int) -> bool:
+        """True when the op is a call whose body, rewritten on its own, already
+        puts a forward-mode output guard on every operation that could turn
+        this call's partly zero output tangents non-finite: the caller's own
+        output guard on the call would repeat those selects (and their masks)
+        one level up.  False (the caller guards) unless a call rule proves it."""
+        return False
+
     def tangent_may_be_nonfinite(self, ctx, node: int) -> bool:
         """Whether the op's tangent may be non-finite when its input tangents
         are finite (its local derivative may be inf/NaN).  By default: where
@@ -174,6 +182,8 @@ class ForwardRule(Protocol):
     def forward(self, fa, node: int, ins: Sequence[Liveness]) -> list[Liveness]: ...
 
     def guards_output(self, analysis, node: int, index: int) -> bool: ...
+
+    def body_guards_own_outputs(self, backward, forward, node: int) -> bool: ...
 
 
 @runtime_checkable

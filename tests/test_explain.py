@@ -102,6 +102,15 @@ def f_nested(x):
     return inner_where(x) * 2.0  # L-nested
 
 
+@jax.jit
+def inner_log(v):
+    return jnp.log(v)
+
+
+def f_zero_into_call(x):
+    return inner_log(jnp.where(x > 0, x, 0.0)) * 2.0
+
+
 def f_static_arg(x, n):
     return jnp.where(x > n, jnp.sqrt(x), 0.0)  # L-staticarg
 
@@ -202,14 +211,24 @@ def test_nested_jit_scope_and_location():
 
 
 def test_forward_mode_output_guard_on_a_call_whose_tangent_is_partly_zero():
-    # inner_where(x) takes the constant 0.0 where x <= 0: its tangent is zero there
-    r = explain(f_nested, X)
-    fwd = [s for s in r.guards if s.mode == "forward" and s.op == "jit(inner_where)"]
+    # the where before the call takes the constant 0.0 where x <= 0: the call's
+    # operand tangent is zero there, and log' (inside the call) is inf at 0
+    r = explain(f_zero_into_call, X)
+    fwd = [s for s in r.guards if s.mode == "forward" and s.op == "jit(inner_log)"]
     assert len(fwd) == 1 and fwd[0].output == 0 and fwd[0].operand is None
     assert fwd[0].origins[0].op == "where"
-    assert "`x > 0.0` is false" in fwd[0].origins[0].meaning  # jnp inlined inside a jit
+    assert "`x > 0` is false" in fwd[0].origins[0].meaning
     assert r.counts()["forward_mode"] == len([s for s in r.guards if s.mode == "forward"])
     assert "[forward mode: its tangent]" in r.to_text()
+
+
+def test_no_forward_mode_guard_on_a_call_whose_body_selects_after_its_risky_op():
+    # inner_where's select comes after its log: its output tangent is an exact
+    # zero in the constant's lanes, and the body would guard anything risky
+    # after the select itself -- the call needs no guard of its own
+    r = explain(f_nested, X)
+    assert not [s for s in r.guards if s.mode == "forward" and s.op == "jit(inner_where)"]
+    assert jnp.all(jnp.isfinite(jax.jacfwd(hlo_guard.guard(f_nested))(X)))
 
 
 def test_guarded_and_guarded_jit_inputs_and_static_arguments():

@@ -26,13 +26,14 @@ from hlo_guard.jax_frontend.bodies import (
     scope_name,
 )
 from hlo_guard.jax_frontend.compat import scan_layout
-from hlo_guard.jax_frontend.graph import JaxprGraph, is_literal
+from hlo_guard.jax_frontend.graph import JaxprGraph, is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import NONE
+from passes.rules import ForwardRule, implements
 
 #: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
 #: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
@@ -145,6 +146,56 @@ class Call(JaxRule):
 
     def guards_output(self, analysis, node, index):
         return self.guards or body_is_risky(body_of(analysis.graph.eqns[node])[0])
+
+    def body_guards_own_outputs(self, backward, forward, node):
+        """A rewritten call every differentiable operand of which carries a
+        fully live tangent here: its body's own forward analysis (inputs
+        live) is then exactly this context, so the body's output guards sit
+        on every risky operation whose tangent is partly zero, and the
+        outputs leave the body clean.  Not when the body holds an operation
+        the forward half knows nothing about or control flow (those are only
+        covered by the guard on the call), nor when an operand's tangent is
+        partly zero or absent here (the body, analysed with live inputs,
+        would not guard what that context makes zero)."""
+        if self.guards:
+            return False
+        eqn = backward.graph.eqns[node]
+        if eqn.primitive.name not in REWRITTEN_CALLS:
+            return False
+        if not _output_guards_cover(body_of(eqn)[0]):
+            return False
+        graph = forward.graph
+        return all(
+            graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
+            for v in eqn.invars
+        )
+
+
+#: jaxpr -> :func:`_output_guards_cover` (weakly keyed, as the caches above)
+_COVER_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _output_guards_cover(jaxpr) -> bool:
+    """Whether every operation of a body (plain calls inside it included) has
+    a rule with a forward half, so that the body's own output guards are
+    planned for all of them; control flow and unknown operations are not."""
+    hit = _COVER_CACHE.get(jaxpr)
+    if hit is not None:
+        return hit
+    ok = True
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        rule = RULES.get(name)
+        if rule is None or name in ("cond", "while", "scan", "shard_map"):
+            ok = False
+        elif name in REWRITTEN_CALLS:
+            ok = _output_guards_cover(body_of(e)[0])
+        else:
+            ok = implements(rule, ForwardRule)
+        if not ok:
+            break
+    _COVER_CACHE[jaxpr] = ok
+    return ok
 
 
 class ControlFlow(JaxRule):

@@ -1,0 +1,221 @@
+"""Forward-mode output guards on calls: the caller guards a call's outputs only
+when the call's body does not already guard them itself.
+
+A call whose body holds a risky operation (``sqrt``) used to get an output
+guard on every partly zero output tangent, on top of the body's own guard on
+that ``sqrt``: two selects (and two tangent masks) for one hazard, and for a
+``custom_jvp`` inside nested ``jnp`` wrappers (``log_sigmoid`` -> ``softplus``
+-> ``logaddexp``) one probe of the rule per nesting level.  The body's own
+guards cover the call exactly when the body's forward analysis (inputs live)
+*is* the caller's context: every operand's tangent is live there.  Operands
+with a partly zero or no tangent keep the caller's guard -- the body, analysed
+with live inputs, does not see the zeros that context makes.
+
+Oracle: the hand double where, in forward mode (``jvp``/``jacfwd``), reverse
+mode and the second-order compositions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from hlo_guard import guard
+from hlo_guard.jax_frontend.plan import plan_of
+
+X = jnp.array([-1.0, 0.0, 0.5, 2.0], jnp.float32)
+
+
+@jax.jit
+def _sqrt_of_positive_part(x):
+    return jnp.sqrt(jnp.where(x > 0, x, 0.0))
+
+
+def inner_zero(x):
+    """The tangent's zero lanes are made inside the call, where its sqrt is."""
+    return jnp.sum(_sqrt_of_positive_part(x) * x)
+
+
+def inner_zero_oracle(x):
+    pos = x > 0
+    return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0) * x)
+
+
+@jax.jit
+def _sqrt(y):
+    return jnp.sqrt(y)
+
+
+def outer_zero(x):
+    """The zero lanes come from outside: the body alone sees a live tangent."""
+    return jnp.sum(_sqrt(jnp.where(x > 0, x, 0.0)) * x)
+
+
+def outer_zero_oracle(x):
+    pos = x > 0
+    return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0) * x)
+
+
+@jax.jit
+def _sqrt_of_choice(a, b, p):
+    return jnp.sqrt(jnp.where(p, a, b))
+
+
+def stopped_operand(x):
+    """One operand has no tangent here (stop_gradient): the select inside the
+    body makes partly zero tangents only in this context."""
+    return jnp.sum(_sqrt_of_choice(x, lax.stop_gradient(jnp.maximum(x, 0.0)), x > 0) * x)
+
+
+def stopped_operand_oracle(x):
+    pos = x > 0
+    return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0) * x)
+
+
+def nested_softplus(x):
+    """``log_sigmoid`` is ``-softplus(-x)``, softplus a ``custom_jvp``
+    (``logaddexp``) whose body selects, inside two ``jnp`` wrappers; its
+    operand's tangent is live, so only the innermost call is guarded."""
+    return jnp.sum(jax.nn.log_sigmoid(x) * x)
+
+
+def nested_softplus_oracle(x):
+    return jnp.sum(jax.nn.log_sigmoid(x) * x)
+
+
+def softplus_after_where(x):
+    """The same wrappers with a partly zero operand tangent: the outer call
+    keeps its own guard."""
+    return jnp.sum(jax.nn.log_sigmoid(jnp.where(x > 0, x, 0.0)))
+
+
+def softplus_after_where_oracle(x):
+    return jnp.sum(jnp.where(x > 0, jax.nn.log_sigmoid(x), jax.nn.log_sigmoid(0.0)))
+
+
+CASES = {
+    "inner_zero": (inner_zero, inner_zero_oracle),
+    "outer_zero": (outer_zero, outer_zero_oracle),
+    "stopped_operand": (stopped_operand, stopped_operand_oracle),
+    "nested_softplus": (nested_softplus, nested_softplus_oracle),
+    "softplus_after_where": (softplus_after_where, softplus_after_where_oracle),
+}
+
+MODES = {
+    "jacfwd": jax.jacfwd,
+    "grad": jax.grad,
+    "hessian": jax.hessian,
+    "jacfwd_jacfwd": lambda f: jax.jacfwd(jax.jacfwd(f)),
+    "jacrev_grad": lambda f: jax.jacrev(jax.grad(f)),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_derivatives_match_the_double_where(case, mode):
+    f, oracle = CASES[case]
+    d = MODES[mode]
+    got = np.asarray(d(guard(f))(X))
+    want = np.asarray(d(oracle)(X))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(np.asarray(guard(f)(X)), np.asarray(f(X)))
+
+
+def test_plain_forward_mode_is_nan_where_the_guard_is_needed():
+    """The cases are real: unguarded, each forward derivative is NaN (the
+    softplus case is about how many guards and probes, not a leak)."""
+    for name in ("inner_zero", "outer_zero", "stopped_operand"):
+        f = CASES[name][0]
+        assert np.isnan(np.asarray(jax.jacfwd(f)(X))).any(), name
+
+
+def _call_output_sites(f, x):
+    """(top-level output guard sites on call equations, output guard sites
+    inside the call bodies) of ``guard(f)`` at ``x``."""
+    g = guard(f)
+    program, _ = g.traced(x)
+    analysis = program.analysis
+    eqns = analysis.graph.eqns
+    top = [
+        s
+        for sites in plan_of(analysis).output_sites_by_node.values()
+        for s in sites
+        if eqns[s.node].primitive.name in ("jit", "closed_call", "eval_jaxpr")
+    ]
+    inner = [
+        s
+        for (node, _), sub in analysis.subs.items()
+        if eqns[node].primitive.name == "jit"
+        for sites in plan_of(sub).output_sites_by_node.values()
+        for s in sites
+    ]
+    return top, inner
+
+
+def test_call_with_live_operands_is_guarded_inside_only():
+    top, inner = _call_output_sites(inner_zero, X)
+    assert top == []
+    assert len(inner) == 1
+
+
+@pytest.mark.parametrize("case", ["outer_zero", "stopped_operand"])
+def test_call_whose_context_makes_zero_tangents_keeps_its_guard(case):
+    top, inner = _call_output_sites(CASES[case][0], X)
+    assert len(top) == 1
+    assert inner == []
+
+
+def test_nested_wrappers_keep_one_guard_and_one_probe():
+    """One output guard on the ``custom_jvp`` call, none on the two ``jnp``
+    wrappers around it: the rule is probed once, not once per level."""
+    closed = jax.make_jaxpr(guard(nested_softplus))(X)
+
+    def count(jaxpr):
+        n = 0
+        for e in jaxpr.eqns:
+            n += e.primitive.name == "custom_jvp_call"
+            for p in e.params.values():
+                sub = getattr(p, "jaxpr", p)
+                if hasattr(sub, "eqns") and e.primitive.name != "custom_jvp_call":
+                    n += count(sub)
+        return n
+
+    # the call itself, and its rule probed once at gradient-stopped operands
+    assert count(closed.jaxpr) == 2
+
+
+def test_body_with_control_flow_keeps_the_callers_guard():
+    """Control flow inside the body: the body's own output guards are not
+    planned across it, so the caller keeps its guard on the call."""
+    from hlo_guard.jax_frontend.graph import JaxprGraph
+    from hlo_guard.jax_frontend.rules import RULES
+    from passes.analysis import analyze, analyze_forward
+    from passes.lattice import LIVE
+
+    @jax.jit
+    def looped(x):
+        y = jnp.where(x > 0, x, 0.0)
+        return lax.fori_loop(0, 2, lambda i, c: c + jnp.sqrt(y), jnp.zeros_like(y))
+
+    def f(x):
+        return jnp.sum(looped(x))
+
+    jaxpr = jax.make_jaxpr(f)(X).jaxpr
+    graph = JaxprGraph(jaxpr)
+    backward = analyze(graph, RULES)
+    forward = analyze_forward(graph, RULES, [LIVE])
+    node = next(i for i, e in enumerate(jaxpr.eqns) if e.primitive.name == "jit")
+    rule = RULES.get("jit")
+    assert forward.value_liveness(jaxpr.eqns[node].invars[0]).is_live
+    assert not rule.body_guards_own_outputs(backward, forward, node)
+    # and a straight-line body with the same live operand is covered
+    jaxpr2 = jax.make_jaxpr(inner_zero)(X).jaxpr
+    graph2 = JaxprGraph(jaxpr2)
+    node2 = next(i for i, e in enumerate(jaxpr2.eqns) if e.primitive.name == "jit")
+    assert rule.body_guards_own_outputs(
+        analyze(graph2, RULES), analyze_forward(graph2, RULES, [LIVE]), node2
+    )
