@@ -219,3 +219,70 @@ def test_body_with_control_flow_keeps_the_callers_guard():
     assert rule.body_guards_own_outputs(
         analyze(graph2, RULES), analyze_forward(graph2, RULES, [LIVE]), node2
     )
+
+
+# -- known constants: ``8.0 * s`` through jnp's wrapper is a finite scale ----------------
+
+
+def scaled_after_call(x):
+    """``jnp``'s ``*`` is an inline ``jit(multiply)`` whose body receives the
+    Python scalar as an input: the scale is a known finite constant there."""
+    return jnp.sum(_sqrt(jnp.where(x > 0, x, 0.0)) * 8.0)
+
+
+def scaled_after_call_oracle(x):
+    pos = x > 0
+    return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0) * 8.0)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_scaled_output_matches_the_double_where(mode):
+    d = MODES[mode]
+    got = np.asarray(d(guard(scaled_after_call))(X))
+    want = np.asarray(d(scaled_after_call_oracle)(X))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_scaling_by_a_known_finite_constant_gets_no_output_guard():
+    from hlo_guard.inspect.explain import explain
+
+    fwd = [s for s in explain(scaled_after_call, X).guards if s.mode == "forward"]
+    assert [s.op for s in fwd] == ["jit(_sqrt)"]
+
+
+def _multiply_body_graph(f, x):
+    program, _ = guard(f).traced(x)
+    analysis = program.analysis
+    (node,) = [
+        n
+        for n, e in enumerate(analysis.graph.eqns)
+        if e.primitive.name == "jit" and e.params["name"] == "multiply"
+    ]
+    return analysis.subs[(node, 0)].graph
+
+
+@pytest.mark.parametrize(
+    "scale, expected",
+    [(8.0, np.float32(8.0)), (3, np.float32(3.0)), (1e39, np.float32(np.inf))],
+)
+def test_known_constant_follows_the_callers_scalar_through_conversion(scale, expected):
+    """A Python scalar reaches the wrapper's ``mul`` as an input converted to
+    float32; 1e39 overflows to inf in that conversion, and then the scale is
+    not finite and the output keeps its guard."""
+    from hlo_guard.jax_frontend.rules import RULES
+    from passes.analysis import analyze
+
+    def f(x):
+        return jnp.sum(jnp.where(x > 0, x, 0.0) * scale)
+
+    graph = _multiply_body_graph(f, X)
+    (mul,) = [n for n, e in enumerate(graph.eqns) if e.primitive.name == "mul"]
+    eqn = graph.eqns[mul]
+    values = [graph.known_constant(v) for v in eqn.invars]
+    known = [v for v in values if v is not None]
+    assert len(known) == 1 and known[0].dtype == np.float32
+    np.testing.assert_array_equal(known[0], expected)
+    assert [v is None for v in values].count(True) == 1  # the traced operand is unknown
+    rule = RULES.get("mul")
+    assert rule.guards_output(analyze(graph, RULES), mul, 0) == (not np.isfinite(expected))

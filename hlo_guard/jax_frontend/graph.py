@@ -77,11 +77,15 @@ class OriginToken:
 class JaxprGraph:
     """Adapter of one (open) jaxpr.  ``scope`` names the nesting for reports."""
 
-    def __init__(self, jaxpr, scope: str = "", constant_inputs=()):
+    def __init__(self, jaxpr, scope: str = "", constant_inputs=(), known_inputs=None):
         """``constant_inputs``: invars/constvars known to hold constants (concrete
         closed-over arrays, a caller's literals); with every value computed
-        from constants only, they carry no derivative and are never guarded."""
+        from constants only, they carry no derivative and are never guarded.
+        ``known_inputs``: invar -> the value the caller binds it to, where the
+        caller knows it (a literal): ``jnp``'s wrappers receive ``8.0 * x``'s
+        scalar as an input, not as a literal (:meth:`known_constant`)."""
         self.jaxpr = jaxpr
+        self._known_inputs = dict(known_inputs or {})
         self.eqns = jaxpr.eqns
         self.scope = scope
         self._producers: dict[Hashable, tuple[int, int]] | None = None
@@ -141,6 +145,30 @@ class JaxprGraph:
 
     def is_constant(self, atom) -> bool:
         return isinstance(atom, Literal) or atom in self.constants()
+
+    def known_constant(self, atom):
+        """The value of ``atom`` known while tracing -- a literal, an input the
+        caller binds to one, or a dtype conversion of those (what ``jnp``'s
+        wrappers do to a Python scalar) -- else None.  Rules read it to tell a
+        finite scale (``8.0 * s``) from an unknown one."""
+        if isinstance(atom, Literal):
+            return atom.val
+        if atom in self._known_inputs:
+            return self._known_inputs[atom]
+        where = self.producer(atom)
+        if where is None:
+            return None
+        eqn = self.eqns[where[0]]
+        if eqn.primitive.name != "convert_element_type":
+            return None
+        val = self.known_constant(eqn.invars[0])
+        if val is None:
+            return None
+        try:
+            with np.errstate(all="ignore"):
+                return np.asarray(val).astype(eqn.params["new_dtype"])
+        except (TypeError, ValueError):  # a dtype numpy cannot convert to
+            return None
 
     def origin(self, node: int) -> OriginToken:
         tok = self._origins.get(node)

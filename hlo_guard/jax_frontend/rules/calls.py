@@ -33,6 +33,7 @@ from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import NONE
+from passes.planning import plan_output_guards
 from passes.rules import ForwardRule, implements
 
 #: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
@@ -68,6 +69,30 @@ def constant_body_inputs(graph, args, body):
     return list(body.constvars) + [v for v, a in zip(body.invars, args) if graph.is_constant(a)]
 
 
+def known_body_inputs(graph, args, body) -> dict:
+    """The inputs of ``body`` whose values the caller knows (the literal
+    ``8.0`` of ``8.0 * s`` passed into ``jnp.multiply``'s wrapper)."""
+    found = {}
+    for v, a in zip(body.invars, args):
+        val = graph.known_constant(a)
+        if val is not None:
+            found[v] = val
+    return found
+
+
+def body_graph(graph, eqn, body, args=None) -> JaxprGraph:
+    """The graph of a call's ``body`` as its caller ``graph`` sees it: scoped,
+    with the inputs the caller binds to constants marked and their values
+    where known."""
+    args = eqn.invars if args is None else args
+    return JaxprGraph(
+        body,
+        scope_name(graph.scope, eqn),
+        constant_body_inputs(graph, args, body),
+        known_body_inputs(graph, args, body),
+    )
+
+
 #: calls the boundary placement may see through (:meth:`Call.transparent_body`)
 _TRANSPARENT_CALLS = frozenset({"jit", "closed_call", "eval_jaxpr"})
 
@@ -98,12 +123,7 @@ class Call(JaxRule):
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(
-            body,
-            scope_name(analysis.graph.scope, eqn),
-            constant_body_inputs(analysis.graph, eqn.invars, body),
-        )
-        sub = analysis.analyze_sub(node, 0, graph, outs)
+        sub = analysis.analyze_sub(node, 0, body_graph(analysis.graph, eqn, body), outs)
         return [sub.value_liveness(v) for v in body.invars]
 
     def transparent_body(self, analysis, node):
@@ -133,9 +153,7 @@ class Call(JaxRule):
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
         body, _ = body_of(eqn)
-        graph = JaxprGraph(
-            body, scope_name(fa.graph.scope, eqn), constant_body_inputs(fa.graph, eqn.invars, body)
-        )
+        graph = body_graph(fa.graph, eqn, body)
         sub = fa.analyze_sub(node, 0, graph, list(ins) + [LIVE] * len(body.constvars))
         return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE for v in body.outvars]
 
@@ -148,15 +166,22 @@ class Call(JaxRule):
         return self.guards or body_is_risky(body_of(analysis.graph.eqns[node])[0])
 
     def body_guards_own_outputs(self, backward, forward, node):
-        """A rewritten call every differentiable operand of which carries a
-        fully live tangent here: its body's own forward analysis (inputs
-        live) is then exactly this context, so the body's output guards sit
-        on every risky operation whose tangent is partly zero, and the
-        outputs leave the body clean.  Not when the body holds an operation
-        the forward half knows nothing about or control flow (those are only
-        covered by the guard on the call), nor when an operand's tangent is
-        partly zero or absent here (the body, analysed with live inputs,
-        would not guard what that context makes zero)."""
+        """A rewritten call whose outputs leave its body clean in this context:
+
+        * every differentiable operand carries a fully live tangent here: the
+          body's own forward analysis (inputs live) is then exactly this
+          context, so the body's output guards sit on every risky operation
+          whose tangent is partly zero;
+        * or, in this context, no operation inside needs an output guard at
+          all (the body's zero tangent lanes are made after its risky ops,
+          as in ``where(x > 0, log(x), 0)``, or only scaled by a known finite
+          constant, as in ``8.0 * s``).
+
+        Not when the body holds an operation the forward half knows nothing
+        about or control flow (those are only covered by the guard on the
+        call).  Otherwise the caller guards: the body, analysed with live
+        inputs, would not guard what a partly zero operand tangent makes
+        zero inside it."""
         if self.guards:
             return False
         eqn = backward.graph.eqns[node]
@@ -165,10 +190,16 @@ class Call(JaxRule):
         if not _output_guards_cover(body_of(eqn)[0]):
             return False
         graph = forward.graph
-        return all(
+        if all(
             graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
             for v in eqn.invars
-        )
+        ):
+            return True
+        inner_backward = backward.subs.get((node, 0))
+        inner_forward = forward.subs.get((node, 0))
+        if inner_backward is None or inner_forward is None:
+            return False
+        return not plan_output_guards(inner_backward, inner_forward)
 
 
 #: jaxpr -> :func:`_output_guards_cover` (weakly keyed, as the caches above)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 import passes.rules as passes_rules
-from hlo_guard.jax_frontend.graph import is_literal
 from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
 from hlo_guard.jax_frontend.rules.base import (
     JaxRule,
@@ -55,17 +54,23 @@ class Elementwise(JaxRule):
         return forward_join(fa, node, ins)
 
     def guards_output(self, analysis, node, index):
-        """Scaling by a finite literal (``2 * x``, ``x / 4``) cannot turn a
-        zero tangent into NaN: no output guard there."""
+        """Scaling by a finite constant known while tracing (``2 * x``,
+        ``x / 4``, also through ``jnp``'s wrappers, which receive the scalar
+        as an input: :meth:`JaxprGraph.known_constant`) cannot turn a zero
+        tangent into NaN: no output guard there."""
         if not self.guards:
             return False
-        eqn = analysis.graph.eqns[node]
+        graph = analysis.graph
+        eqn = graph.eqns[node]
         name = eqn.primitive.name
-        lits = [i for i, v in enumerate(eqn.invars) if is_literal(v)]
-        if name == "mul" and lits:
-            return not all(np.all(np.isfinite(eqn.invars[i].val)) for i in lits)
-        if name == "div" and lits == [1]:
-            val = eqn.invars[1].val
+        if name not in ("mul", "div"):
+            return True
+        known = {i: graph.known_constant(v) for i, v in enumerate(eqn.invars)}
+        known = {i: val for i, val in known.items() if val is not None}
+        if name == "mul" and known:
+            return not all(np.all(np.isfinite(val)) for val in known.values())
+        if name == "div" and list(known) == [1]:
+            val = known[1]
             return not (np.all(np.isfinite(val)) and np.all(val != 0))
         return True
 
