@@ -48,6 +48,8 @@ class Analysis:
     #: first use -- or by the enclosing graph's placement when it sees through
     #: this body as one lane-local operation (:meth:`Rule.transparent_body`)
     placement: Any = field(default=None, repr=False, compare=False)
+    #: :meth:`selects_anywhere`, once asked
+    _selects_anywhere: bool | None = field(default=None, repr=False, compare=False)
 
     def value_liveness(self, value: Hashable) -> Liveness:
         if value is None:
@@ -65,6 +67,20 @@ class Analysis:
         if any(lv.level is not Level.LIVE for lv in self.use_liveness.values()):
             return True
         return any(sub.has_partial() for sub in self.subs.values())
+
+    def selects_anywhere(self) -> bool:
+        """Whether some use here or in a nested graph has lanes whose
+        derivative is structurally zero (partly or wholly dead by a
+        selection): without one there is no dead region, so nothing in this
+        graph or below it is guarded in reverse mode."""
+        found = self._selects_anywhere
+        if found is None:
+            found = any(
+                lv.level is not Level.LIVE and lv.reaches_output
+                for lv in self.use_liveness.values()
+            ) or any(sub.selects_anywhere() for sub in self.subs.values())
+            self._selects_anywhere = found
+        return found
 
     # -- helpers for rules ---------------------------------------------------
     def note_unreached(self, node: int, reason: str, liveness: Liveness) -> None:

@@ -147,6 +147,11 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     graph = analysis.graph
     rules = analysis.rules
     input_list = list(graph.graph_inputs())
+    if not analysis.selects_anywhere():
+        # no dead region here or below: no guard, no hazard behind any input
+        # (the caller's reads of this body are live, so it asks none), and a
+        # nested body is placed on its own if ever asked -- it has none either
+        return Placement({}, set(), [False] * len(input_list))
     inputs = {v for v in input_list if _hashable(v)}
     output_reads: dict = {}
     for v in graph.graph_outputs():

@@ -116,3 +116,51 @@ def test_value_mode_record_is_its_own():
     record = plan_of(program.analysis).record
     g(X)
     assert record.finished == {"value"}
+
+
+# -- graphs with nothing to guard are planned without sweeps ---------------------------
+
+
+def _analysis(f, *args):
+    program, _ = guard(f).traced(*args)
+    return program.analysis
+
+
+def test_selects_anywhere_sees_selections_in_nested_bodies():
+    """The placement's shortcut: a graph with no dead lanes here or below."""
+    assert not _analysis(lambda x: jnp.sum(jnp.sin(x) * 2.0), X).selects_anywhere()
+    assert _analysis(f_where, X).selects_anywhere()
+    inner = jax.jit(lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0) + x)
+    top = _analysis(lambda x: jnp.sum(jnp.sin(inner(x))), X)
+    assert top.selects_anywhere()
+    # the call's operand is live at the top level (``+ x``): only the body selects
+    assert not any(not lv.is_live and lv.reaches_output for lv in top.use_liveness.values())
+
+
+def test_a_body_without_selections_is_placed_empty_and_its_caller_still_guarded():
+    inner = jax.jit(lambda x: jnp.sin(x) * x)
+
+    def f(x):
+        return jnp.sum(jnp.where(x > 0, jnp.sqrt(x), 0.0) + inner(x))
+
+    top = _analysis(f, X)
+    assert plan_of(top).sites_by_node  # the caller keeps its guard on the sqrt entry
+    (body,) = [
+        sub
+        for (node, _), sub in top.subs.items()
+        if top.graph.eqns[node].params.get("name") == "<lambda>"
+    ]
+    assert not body.selects_anywhere()
+    assert body.placement is not None and not body.placement.guarded
+    np.testing.assert_array_equal(np.isfinite(jax.grad(guard(f))(X)), [True, True, True, True])
+
+
+def test_no_forward_analysis_for_a_graph_without_risky_operations():
+    """Output guards are planned only where some operation's derivative may
+    be non-finite; elsewhere the tangent analysis is not even made."""
+    calm = plan_of(_analysis(lambda x: jnp.sum(jnp.where(x > 0, x + 1.0, -x)), X))
+    assert calm.output_sites_by_node == {}
+    assert "forward" not in calm.__dict__
+    risky = plan_of(_analysis(lambda x: jnp.sum(jnp.sqrt(jnp.where(x > 0, x, 0.0))), X))
+    assert risky.output_sites_by_node
+    assert "forward" in risky.__dict__

@@ -1,12 +1,15 @@
 """Where a call or control-flow equation keeps its bodies.
 
-A leaf module: the interpreter, the call rules, the custom-call structure
-analysis and the scope reports all read bodies, and none of them should have
-to import another to do it."""
+A leaf module (beside the rule table it reads): the interpreter, the call
+rules, the plan, the custom-call structure analysis and the scope reports
+all read bodies, and none of them should have to import another to do it."""
 
 from __future__ import annotations
 
+import weakref
+
 from hlo_guard.jax_frontend.compat import jit_inlines
+from hlo_guard.jax_frontend.rule_table import RULES
 
 
 def open_jaxpr(obj):
@@ -55,3 +58,30 @@ def control_bodies(eqn):
     if name in ("scan", "shard_map"):
         return [open_jaxpr(eqn.params["jaxpr"])]
     return []
+
+
+#: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
+#: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
+_RISKY_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def body_is_risky(jaxpr) -> bool:
+    """Whether a body holds an operation whose derivative may be non-finite
+    (or one we know nothing about): only then are a call's outputs guarded."""
+    hit = _RISKY_CACHE.get(jaxpr)
+    if hit is not None:
+        return hit
+    risky = False
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        rule = RULES.get(name)
+        if rule is None or getattr(rule, "guards", False):
+            risky = True
+        elif name in CALL_BODY_PARAM:
+            risky = body_is_risky(body_of(eqn)[0])
+        elif name in ("cond", "while", "scan", "shard_map"):
+            risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
+        if risky:
+            break
+    _RISKY_CACHE[jaxpr] = risky
+    return risky

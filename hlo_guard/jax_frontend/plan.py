@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, cast
 
-from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
+from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
 from hlo_guard.jax_frontend.rule_table import RULES
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
@@ -115,6 +115,10 @@ class GuardPlan:
 
     @cached_property
     def output_sites_by_node(self) -> dict[int, list[OutputGuardSite]]:
+        if not body_is_risky(self.graph.jaxpr):
+            # no operation here or below whose derivative may be non-finite:
+            # no output guard, and no forward analysis to find out
+            return {}
         grouped: dict[int, list[OutputGuardSite]] = {}
         for site in plan_output_guards(self.analysis, self.forward):
             grouped.setdefault(site.node, []).append(site)

@@ -21,6 +21,7 @@ import weakref
 from hlo_guard.jax_frontend.bodies import (
     CALL_BODY_PARAM,
     REWRITTEN_CALLS,
+    body_is_risky,
     body_of,
     control_bodies,
     scope_name,
@@ -35,32 +36,6 @@ from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge
 from passes.masks import NONE
 from passes.planning import plan_output_guards
 from passes.rules import ForwardRule, implements
-
-#: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
-#: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
-_RISKY_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def body_is_risky(jaxpr) -> bool:
-    """Whether a body holds an operation whose derivative may be non-finite
-    (or one we know nothing about): only then are a call's outputs guarded."""
-    hit = _RISKY_CACHE.get(jaxpr)
-    if hit is not None:
-        return hit
-    risky = False
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        rule = RULES.get(name)
-        if rule is None or getattr(rule, "guards", False):
-            risky = True
-        elif name in CALL_BODY_PARAM:
-            risky = body_is_risky(body_of(eqn)[0])
-        elif name in ("cond", "while", "scan", "shard_map"):
-            risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
-        if risky:
-            break
-    _RISKY_CACHE[jaxpr] = risky
-    return risky
 
 
 def constant_body_inputs(graph, args, body):
