@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from hlo_guard.jax_frontend.bodies import body_of, scope_name
+
 Literal = jex_core.Literal
 DropVar = jex_core.DropVar
 
@@ -77,15 +79,23 @@ class OriginToken:
 class JaxprGraph:
     """Adapter of one (open) jaxpr.  ``scope`` names the nesting for reports."""
 
-    def __init__(self, jaxpr, scope: str = "", constant_inputs=(), known_inputs=None):
+    def __init__(self, jaxpr, scope: str = "", constant_inputs=(), known_inputs=None, caller=None):
         """``constant_inputs``: invars/constvars known to hold constants (concrete
         closed-over arrays, a caller's literals); with every value computed
         from constants only, they carry no derivative and are never guarded.
         ``known_inputs``: invar -> the value the caller binds it to, where the
         caller knows it (a literal): ``jnp``'s wrappers receive ``8.0 * x``'s
-        scalar as an input, not as a literal (:meth:`known_constant`)."""
+        scalar as an input, not as a literal (:meth:`known_constant`).
+        ``caller``: (the calling graph, invar -> the caller's argument), so
+        that facts about an argument can be asked where it is computed
+        (:mod:`value_bounds`)."""
         self.jaxpr = jaxpr
         self._known_inputs = dict(known_inputs or {})
+        self._caller = caller
+        #: :func:`value_bounds.lower_bound`'s answers for this graph
+        self.lower_bounds: dict = {}
+        #: node -> the graph of that call's body, seen from here (:meth:`call_body_graph`)
+        self._call_bodies: dict[int, JaxprGraph] = {}
         self.eqns = jaxpr.eqns
         self.scope = scope
         self._producers: dict[Hashable, tuple[int, int]] | None = None
@@ -170,6 +180,24 @@ class JaxprGraph:
         except (TypeError, ValueError):  # a dtype numpy cannot convert to
             return None
 
+    def caller_argument(self, atom):
+        """(calling graph, the argument it binds ``atom`` to) for an input of a
+        call body made with its caller; else None."""
+        if self._caller is None:
+            return None
+        graph, args = self._caller
+        arg = args.get(atom)
+        return None if arg is None else (graph, arg)
+
+    def call_body_graph(self, node: int) -> JaxprGraph:
+        """The body of call ``node`` as this graph sees it (:func:`body_graph`),
+        made once."""
+        found = self._call_bodies.get(node)
+        if found is None:
+            eqn = self.eqns[node]
+            found = self._call_bodies[node] = body_graph(self, eqn, body_of(eqn)[0])
+        return found
+
     def origin(self, node: int) -> OriginToken:
         tok = self._origins.get(node)
         if tok is None:
@@ -186,3 +214,37 @@ class JaxprGraph:
                     if not isinstance(v, DropVar):
                         self._producers[v] = (n, j)
         return self._producers.get(var)
+
+
+# -- a call's body as its caller sees it ------------------------------------------
+
+
+def constant_body_inputs(graph: JaxprGraph, args, body) -> list:
+    """The inputs of ``body`` that hold constants: its own closed-over consts and
+    the parameters the caller passes a constant (literal ``0.1`` into ``clip``)."""
+    return list(body.constvars) + [v for v, a in zip(body.invars, args) if graph.is_constant(a)]
+
+
+def known_body_inputs(graph: JaxprGraph, args, body) -> dict:
+    """The inputs of ``body`` whose values the caller knows (the literal
+    ``8.0`` of ``8.0 * s`` passed into ``jnp.multiply``'s wrapper)."""
+    found = {}
+    for v, a in zip(body.invars, args):
+        val = graph.known_constant(a)
+        if val is not None:
+            found[v] = val
+    return found
+
+
+def body_graph(graph: JaxprGraph, eqn, body, args=None) -> JaxprGraph:
+    """The graph of a call's ``body`` as its caller ``graph`` sees it: scoped,
+    with the inputs the caller binds to constants marked, their values where
+    known, and a link back to the caller's arguments."""
+    args = eqn.invars if args is None else args
+    return JaxprGraph(
+        body,
+        scope_name(graph.scope, eqn),
+        constant_body_inputs(graph, args, body),
+        known_body_inputs(graph, args, body),
+        caller=(graph, {v: a for v, a in zip(body.invars, args) if not isinstance(a, Literal)}),
+    )

@@ -27,7 +27,13 @@ from hlo_guard.jax_frontend.bodies import (
     scope_name,
 )
 from hlo_guard.jax_frontend.compat import scan_layout
-from hlo_guard.jax_frontend.graph import JaxprGraph, is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.graph import (
+    JaxprGraph,
+    body_graph,
+    constant_body_inputs,
+    is_inexact_aval,
+    is_literal,
+)
 from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
@@ -36,37 +42,6 @@ from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge
 from passes.masks import NONE
 from passes.planning import plan_output_guards
 from passes.rules import ForwardRule, implements
-
-
-def constant_body_inputs(graph, args, body):
-    """The inputs of ``body`` that hold constants: its own closed-over consts and
-    the parameters the caller passes a constant (literal ``0.1`` into ``clip``)."""
-    return list(body.constvars) + [v for v, a in zip(body.invars, args) if graph.is_constant(a)]
-
-
-def known_body_inputs(graph, args, body) -> dict:
-    """The inputs of ``body`` whose values the caller knows (the literal
-    ``8.0`` of ``8.0 * s`` passed into ``jnp.multiply``'s wrapper)."""
-    found = {}
-    for v, a in zip(body.invars, args):
-        val = graph.known_constant(a)
-        if val is not None:
-            found[v] = val
-    return found
-
-
-def body_graph(graph, eqn, body, args=None) -> JaxprGraph:
-    """The graph of a call's ``body`` as its caller ``graph`` sees it: scoped,
-    with the inputs the caller binds to constants marked and their values
-    where known."""
-    args = eqn.invars if args is None else args
-    return JaxprGraph(
-        body,
-        scope_name(graph.scope, eqn),
-        constant_body_inputs(graph, args, body),
-        known_body_inputs(graph, args, body),
-    )
-
 
 #: calls the boundary placement may see through (:meth:`Call.transparent_body`)
 _TRANSPARENT_CALLS = frozenset({"jit", "closed_call", "eval_jaxpr"})

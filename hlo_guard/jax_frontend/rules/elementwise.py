@@ -26,6 +26,7 @@ from hlo_guard.jax_frontend.rules.base import (
     or_all,
     same_as_output,
 )
+from hlo_guard.jax_frontend.value_bounds import lower_bound
 
 
 class Elementwise(JaxRule):
@@ -72,6 +73,11 @@ class Elementwise(JaxRule):
         if name == "div" and list(known) == [1]:
             val = known[1]
             return not (np.all(np.isfinite(val)) and np.all(val != 0))
+        if name == "div":
+            # d(n / d) = dn / d - n dd / d**2: finite wherever n is when d >= 1
+            # (the masked mean's ``maximum(count, 1)``)
+            bound = lower_bound(graph, eqn.invars[1])
+            return bound is None or bound < 1.0
         return True
 
     def forward_masks(self, mctx, node, eqn, in_masks):

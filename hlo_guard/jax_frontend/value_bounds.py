@@ -1,0 +1,99 @@
+"""Lower bounds a jaxpr guarantees for a value while it is traced.
+
+Only one question is asked of them today: is a divisor at least 1?  The
+masked mean every padded batch computes, ``sum(where(m, x, 0)) /
+maximum(sum(m), 1)``, divides by such a value; ``d(n / d) = dn / d - n dd /
+d**2`` is then finite wherever ``n`` is, so the division needs no
+forward-mode output guard (a structurally zero tangent stays an exact zero
+through it).
+
+A bound holds for every element that is not NaN: a NaN divisor makes the
+forward value NaN in every lane it reaches, which is a genuine singularity
+the guard must not hide anyway.  Bounds follow the caller's arguments into
+``jnp``'s inline ``jit`` wrappers (``jnp.maximum`` is one) and call outputs
+out of them, lazily: nothing is computed unless a rule asks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
+from hlo_guard.jax_frontend.graph import Literal
+
+#: operations whose output elements are copies of input elements (so every
+#: bound of the input holds for the output); not reductions, whose empty
+#: case is an identity element
+_COPIES = frozenset(
+    {"stop_gradient", "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "copy"}
+)
+
+
+def lower_bound(graph, atom) -> float | None:
+    """A number every non-NaN element of ``atom`` is at least, or None when
+    the jaxpr does not say."""
+    if atom is None:
+        return None
+    if isinstance(atom, Literal):  # literals are not hashable: no cache
+        return _min_of(atom.val)
+    cache: dict = graph.lower_bounds
+    if atom in cache:
+        return cache[atom]
+    cache[atom] = None  # a cycle cannot happen in a jaxpr; this only guards re-entry
+    found = _lower_bound(graph, atom)
+    cache[atom] = found
+    return found
+
+
+def _lower_bound(graph, atom) -> float | None:
+    value = graph.known_constant(atom)
+    if value is not None:
+        return _min_of(value)
+    caller = graph.caller_argument(atom)
+    if caller is not None:
+        return lower_bound(*caller)
+    where = graph.producer(atom)
+    if where is None:
+        return None
+    node, index = where
+    eqn = graph.eqns[node]
+    name = eqn.primitive.name
+    if name in _COPIES:
+        return lower_bound(graph, eqn.invars[0])
+    if name == "convert_element_type":
+        bound = lower_bound(graph, eqn.invars[0])
+        # rounding and truncation are monotonic: x >= b gives conv(x) >= conv(b)
+        return None if bound is None else _min_of(_converted(bound, eqn.params["new_dtype"]))
+    if name == "max":
+        known = [b for b in (lower_bound(graph, v) for v in eqn.invars) if b is not None]
+        return max(known) if known else None
+    if name == "min":
+        bounds = [lower_bound(graph, v) for v in eqn.invars]
+        return None if any(b is None for b in bounds) else min(bounds)  # type: ignore[type-var]
+    if name in REWRITTEN_CALLS:
+        body = graph.call_body_graph(node)
+        return lower_bound(body, body.jaxpr.outvars[index])
+    return None
+
+
+def _converted(bound: float, dtype) -> Any:
+    try:
+        with np.errstate(all="ignore"):
+            return np.asarray(bound).astype(dtype)
+    except (TypeError, ValueError):
+        return None
+
+
+def _min_of(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        arr = np.asarray(value)
+        if arr.size == 0 or arr.dtype == np.bool_:
+            return None
+        low = float(np.min(arr.astype(np.float64)))
+    except (TypeError, ValueError):
+        return None
+    return None if np.isnan(low) else low

@@ -1,0 +1,140 @@
+"""Lower bounds of traced values (``jax_frontend.value_bounds``) and the one
+decision they drive: a division by a value at least 1 needs no forward-mode
+output guard.
+
+The masked mean of every padded batch, ``sum(where(m, x, 0)) /
+maximum(sum(m), 1)``, used to carry an output guard on the division (its
+numerator's tangent is partly zero); ``d(n / d)`` is finite wherever ``n`` is
+when ``d >= 1``, so the guard selected nothing.  Oracle: the hand double
+where in forward, reverse and second-order modes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hlo_guard import guard
+from hlo_guard.inspect.explain import explain
+from hlo_guard.jax_frontend.value_bounds import lower_bound
+
+M = jnp.array([True, True, False, False, True])
+X = jnp.array([1.0, 2.0, 0.0, -1.0, 0.25], jnp.float32)
+
+
+def _top_graph(f, *args):
+    program, _ = guard(f).traced(*args)
+    return program.analysis.graph
+
+
+def _bound_of_output(f, *args):
+    graph = _top_graph(f, *args)
+    return lower_bound(graph, graph.jaxpr.outvars[0])
+
+
+@pytest.mark.parametrize(
+    "f, expected",
+    [
+        (lambda s: jnp.maximum(jnp.sum(s), 1), 1.0),  # through jnp.maximum's wrapper
+        (lambda s: jnp.maximum(s, 0.5), 0.5),
+        (lambda s: jnp.maximum(3.0, jnp.maximum(s, 1.0)), 3.0),
+        (lambda s: jnp.minimum(jnp.maximum(s, 1.0), 4.0), 1.0),
+        (lambda s: jnp.broadcast_to(jnp.maximum(s, 2.0), (2, 5)), 2.0),
+        (lambda s: jnp.maximum(s, 1.7).astype(jnp.int32), 1.0),  # truncation is monotonic
+        (lambda s: jnp.minimum(s, 4.0), None),  # min needs both bounds
+        (lambda s: jnp.sum(s), None),
+        (lambda s: s * 2.0, None),
+    ],
+)
+def test_lower_bound(f, expected):
+    assert _bound_of_output(f, X) == expected
+
+
+def test_bound_follows_an_argument_into_a_call_body():
+    """Inside ``jnp.divide``'s wrapper the divisor is a body input; its bound
+    is asked where the caller computes it."""
+
+    def f(s):
+        return s / jnp.maximum(jnp.sum(M), 1)
+
+    top = _top_graph(f, X)
+    (node,) = [n for n, e in enumerate(top.eqns) if e.params.get("name") == "true_divide"]
+    body = top.call_body_graph(node)
+    (div,) = [e for e in body.eqns if e.primitive.name == "div"]
+    assert lower_bound(body, div.invars[1]) == 1.0
+    assert lower_bound(body, div.invars[0]) is None
+
+
+def masked_mean(floor):
+    def f(x):
+        return jnp.sum(jnp.where(M, jnp.sqrt(x), 0.0)) / jnp.maximum(jnp.sum(M), floor)
+
+    return f
+
+
+def masked_mean_oracle(floor):
+    def f(x):
+        safe = jnp.sqrt(jnp.where(M, x, 1.0))
+        return jnp.sum(jnp.where(M, safe, 0.0)) / jnp.maximum(jnp.sum(M), floor)
+
+    return f
+
+
+def count_mean(x):
+    return jnp.sum(jnp.where(M, jnp.sqrt(x), 0.0)) / jnp.sum(M)
+
+
+def _forward_guards(f):
+    return [s.op for s in explain(f, X).guards if s.mode == "forward"]
+
+
+def test_division_by_a_count_of_at_least_one_has_no_output_guard():
+    assert _forward_guards(masked_mean(1)) == []
+
+
+@pytest.mark.parametrize("f", [masked_mean(0.5), count_mean], ids=["floor_0.5", "bare_count"])
+def test_division_by_a_value_that_may_be_small_keeps_its_output_guard(f):
+    assert _forward_guards(f) == ["true_divide"]
+
+
+MODES = {
+    "jacfwd": jax.jacfwd,
+    "grad": jax.grad,
+    "hessian": jax.hessian,
+    "jacfwd_jacfwd": lambda f: jax.jacfwd(jax.jacfwd(f)),
+    "jacrev_grad": lambda f: jax.jacrev(jax.grad(f)),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("floor", [1, 0.5])
+def test_masked_mean_matches_the_double_where(mode, floor):
+    d = MODES[mode]
+    got = np.asarray(d(guard(masked_mean(floor)))(X))
+    want = np.asarray(d(masked_mean_oracle(floor))(X))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    if mode in ("grad", "hessian", "jacrev_grad"):  # reverse mode: the leak is real
+        assert np.isnan(np.asarray(d(masked_mean(floor))(X))).any()
+
+
+def test_literal_operands_are_bounded_too():
+    """``jnp.unwrap``'s jaxpr feeds literals straight into ``max``/``div``
+    (literals are not hashable: they must not reach the per-graph cache)."""
+    from jax import lax
+
+    def f(s):
+        return lax.max(s, 1.5), lax.div(s, 4.0)
+
+    graph = _top_graph(f, X)
+    (mx,) = [e for e in graph.eqns if e.primitive.name == "max"]
+    assert lower_bound(graph, mx.outvars[0]) == 1.5
+    (dv,) = [e for e in graph.eqns if e.primitive.name == "div"]
+    assert lower_bound(graph, dv.invars[1]) == 4.0
+    np.testing.assert_array_equal(jnp.unwrap(X), guard(jnp.unwrap)(X))
+    np.testing.assert_array_equal(
+        jax.grad(lambda x: jnp.sum(jnp.unwrap(x)))(X),
+        jax.grad(guard(lambda x: jnp.sum(jnp.unwrap(x))))(X),
+    )
