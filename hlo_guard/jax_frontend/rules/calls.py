@@ -152,7 +152,7 @@ class Call(JaxRule):
         return not plan_output_guards(inner_backward, inner_forward)
 
 
-#: jaxpr -> :func:`_output_guards_cover` (weakly keyed, as the caches above)
+#: jaxpr -> :func:`_output_guards_cover` (weakly keyed, as `bodies.body_is_risky`'s cache)
 _COVER_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
