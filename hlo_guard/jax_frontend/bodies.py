@@ -60,28 +60,48 @@ def control_bodies(eqn):
     return []
 
 
-#: per-jaxpr answers; weakly keyed so that a cached answer never keeps a jaxpr
-#: (and the constants its sub-jaxprs hold) alive, and no id() is ever reused
-_RISKY_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def holds_throughout(jaxpr, cache: weakref.WeakKeyDictionary, judge) -> bool:
+    """Whether ``judge`` accepts every equation of ``jaxpr``, answered once per
+    jaxpr in ``cache``.  ``judge(eqn)`` returns True or False, or the bodies to
+    judge in the equation's place (a call it looks through), which are then
+    judged the same way and kept in the same cache.
+
+    The caches are weakly keyed so that a cached answer never keeps a jaxpr
+    (and the constants its sub-jaxprs hold) alive, and no id() is ever reused.
+    Every per-body question the rules ask -- risky, covered by output guards,
+    selection-free, structure known -- is one of these walks."""
+    hit = cache.get(jaxpr)
+    if hit is not None:
+        return hit
+    ok = True
+    for eqn in jaxpr.eqns:
+        verdict = judge(eqn)
+        if not isinstance(verdict, bool):
+            verdict = all(holds_throughout(b, cache, judge) for b in verdict)
+        if not verdict:
+            ok = False
+            break
+    cache[jaxpr] = ok
+    return ok
+
+
+#: jaxpr -> no operation in it (or its bodies) may have a non-finite derivative
+_CALM_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _calm(eqn):
+    name = eqn.primitive.name
+    rule = RULES.get(name)
+    if rule is None or getattr(rule, "guards", False):
+        return False
+    if name in CALL_BODY_PARAM:
+        return [body_of(eqn)[0]]
+    if name in ("cond", "while", "scan", "shard_map"):
+        return [b for b, _ in control_bodies(eqn)]
+    return True
 
 
 def body_is_risky(jaxpr) -> bool:
     """Whether a body holds an operation whose derivative may be non-finite
     (or one we know nothing about): only then are a call's outputs guarded."""
-    hit = _RISKY_CACHE.get(jaxpr)
-    if hit is not None:
-        return hit
-    risky = False
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        rule = RULES.get(name)
-        if rule is None or getattr(rule, "guards", False):
-            risky = True
-        elif name in CALL_BODY_PARAM:
-            risky = body_is_risky(body_of(eqn)[0])
-        elif name in ("cond", "while", "scan", "shard_map"):
-            risky = any(body_is_risky(b) for b, _ in control_bodies(eqn))
-        if risky:
-            break
-    _RISKY_CACHE[jaxpr] = risky
-    return risky
+    return not holds_throughout(jaxpr, _CALM_CACHE, _calm)

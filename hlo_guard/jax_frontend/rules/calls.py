@@ -24,6 +24,7 @@ from hlo_guard.jax_frontend.bodies import (
     body_is_risky,
     body_of,
     control_bodies,
+    holds_throughout,
     scope_name,
 )
 from hlo_guard.jax_frontend.compat import scan_layout
@@ -152,7 +153,7 @@ class Call(JaxRule):
         return not plan_output_guards(inner_backward, inner_forward)
 
 
-#: jaxpr -> :func:`_output_guards_cover` (weakly keyed, as `bodies.body_is_risky`'s cache)
+#: jaxpr -> :func:`_output_guards_cover`
 _COVER_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -160,23 +161,17 @@ def _output_guards_cover(jaxpr) -> bool:
     """Whether every operation of a body (plain calls inside it included) has
     a rule with a forward half, so that the body's own output guards are
     planned for all of them; control flow and unknown operations are not."""
-    hit = _COVER_CACHE.get(jaxpr)
-    if hit is not None:
-        return hit
-    ok = True
-    for e in jaxpr.eqns:
-        name = e.primitive.name
-        rule = RULES.get(name)
-        if rule is None or name in ("cond", "while", "scan", "shard_map"):
-            ok = False
-        elif name in REWRITTEN_CALLS:
-            ok = _output_guards_cover(body_of(e)[0])
-        else:
-            ok = implements(rule, ForwardRule)
-        if not ok:
-            break
-    _COVER_CACHE[jaxpr] = ok
-    return ok
+    return holds_throughout(jaxpr, _COVER_CACHE, _has_forward_rule)
+
+
+def _has_forward_rule(eqn):
+    name = eqn.primitive.name
+    rule = RULES.get(name)
+    if rule is None or name in ("cond", "while", "scan", "shard_map"):
+        return False
+    if name in REWRITTEN_CALLS:
+        return [body_of(eqn)[0]]
+    return implements(rule, ForwardRule)
 
 
 class ControlFlow(JaxRule):
@@ -484,25 +479,19 @@ def is_selection_free_call(eqn) -> bool:
 
 
 def _selection_free(jaxpr) -> bool:
-    hit = _SELECTION_FREE_CACHE.get(jaxpr)
-    if hit is not None:
-        return hit
-    ok = True
-    for e in jaxpr.eqns:
-        name = e.primitive.name
-        if name in REWRITTEN_CALLS:
-            ok = _selection_free(body_of(e)[0])
-        else:
-            rule = RULES.get(name)
-            ok = (
-                rule is not None
-                and rule.kind in _STRUCTURE_KINDS
-                and not getattr(rule, "value_dependent", False)
-            )
-        if not ok:
-            break
-    _SELECTION_FREE_CACHE[jaxpr] = ok
-    return ok
+    return holds_throughout(jaxpr, _SELECTION_FREE_CACHE, _selection_free_op)
+
+
+def _selection_free_op(eqn):
+    name = eqn.primitive.name
+    if name in REWRITTEN_CALLS:
+        return [body_of(eqn)[0]]
+    rule = RULES.get(name)
+    return (
+        rule is not None
+        and rule.kind in _STRUCTURE_KINDS
+        and not getattr(rule, "value_dependent", False)
+    )
 
 
 _LANEWISE_KINDS = ("elementwise", "zero-derivative")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 
-from hlo_guard.jax_frontend.bodies import CALL_BODY_PARAM, body_of
+from hlo_guard.jax_frontend.bodies import CALL_BODY_PARAM, body_of, holds_throughout
 from hlo_guard.jax_frontend.graph import JaxprGraph
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.elementwise import Elementwise
@@ -68,23 +68,17 @@ def structure_rules() -> RuleTable:
 def body_structure_known(jaxpr) -> bool:
     """Whether every operation of ``jaxpr`` (recursively) is one whose lane
     structure :func:`structure_rules` follows exactly."""
-    hit = _CACHE.get(jaxpr)
-    if hit is not None:
-        return hit
-    ok = True
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        rule = RULES.get(name)
-        if name in CALL_BODY_PARAM:
-            ok = body_structure_known(body_of(eqn)[0])
-        elif name in STRUCTURE_PRIMS:
-            ok = True
-        else:
-            ok = rule is not None and rule.kind in _FOLLOWED_KINDS
-        if not ok:
-            break
-    _CACHE[jaxpr] = ok
-    return ok
+    return holds_throughout(jaxpr, _CACHE, _structure_followed)
+
+
+def _structure_followed(eqn):
+    name = eqn.primitive.name
+    if name in CALL_BODY_PARAM:
+        return [body_of(eqn)[0]]
+    if name in STRUCTURE_PRIMS:
+        return True
+    rule = RULES.get(name)
+    return rule is not None and rule.kind in _FOLLOWED_KINDS
 
 
 def analyze_body(body, scope: str, outs):
