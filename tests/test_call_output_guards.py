@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from double_where import assert_like_double_where, modes
 from jax import lax
 
 from hlo_guard import guard
@@ -104,24 +105,14 @@ CASES = {
     "softplus_after_where": (softplus_after_where, softplus_after_where_oracle),
 }
 
-MODES = {
-    "jacfwd": jax.jacfwd,
-    "grad": jax.grad,
-    "hessian": jax.hessian,
-    "jacfwd_jacfwd": lambda f: jax.jacfwd(jax.jacfwd(f)),
-    "jacrev_grad": lambda f: jax.jacrev(jax.grad(f)),
-}
+MODES = modes("jacfwd", "grad", "hessian", "jacfwd_jacfwd", "jacrev_grad")
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_derivatives_match_the_double_where(case, mode):
     f, oracle = CASES[case]
-    d = MODES[mode]
-    got = np.asarray(d(guard(f))(X))
-    want = np.asarray(d(oracle)(X))
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert_like_double_where(MODES[mode], f, oracle, X)
     np.testing.assert_array_equal(np.asarray(guard(f)(X)), np.asarray(f(X)))
 
 
@@ -237,11 +228,7 @@ def scaled_after_call_oracle(x):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_scaled_output_matches_the_double_where(mode):
-    d = MODES[mode]
-    got = np.asarray(d(guard(scaled_after_call))(X))
-    want = np.asarray(d(scaled_after_call_oracle)(X))
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert_like_double_where(MODES[mode], scaled_after_call, scaled_after_call_oracle, X)
 
 
 def test_scaling_by_a_known_finite_constant_gets_no_output_guard():
