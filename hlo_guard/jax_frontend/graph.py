@@ -79,18 +79,15 @@ class OriginToken:
 class JaxprGraph:
     """Adapter of one (open) jaxpr.  ``scope`` names the nesting for reports."""
 
-    def __init__(self, jaxpr, scope: str = "", constant_inputs=(), known_inputs=None, caller=None):
+    def __init__(self, jaxpr, scope: str = "", constant_inputs=(), caller=None):
         """``constant_inputs``: invars/constvars known to hold constants (concrete
         closed-over arrays, a caller's literals); with every value computed
         from constants only, they carry no derivative and are never guarded.
-        ``known_inputs``: invar -> the value the caller binds it to, where the
-        caller knows it (a literal): ``jnp``'s wrappers receive ``8.0 * x``'s
-        scalar as an input, not as a literal (:meth:`known_constant`).
         ``caller``: (the calling graph, invar -> the caller's argument), so
-        that facts about an argument can be asked where it is computed
-        (:mod:`value_bounds`)."""
+        that facts about an argument are asked where it is computed: ``jnp``'s
+        wrappers receive ``8.0 * x``'s scalar as an input, not as a literal
+        (:meth:`known_constant`, :mod:`value_bounds`)."""
         self.jaxpr = jaxpr
-        self._known_inputs = dict(known_inputs or {})
         self._caller = caller
         #: :func:`value_bounds.lower_bound`'s answers for this graph
         self.lower_bounds: dict = {}
@@ -163,8 +160,10 @@ class JaxprGraph:
         finite scale (``8.0 * s``) from an unknown one."""
         if isinstance(atom, Literal):
             return atom.val
-        if atom in self._known_inputs:
-            return self._known_inputs[atom]
+        caller = self.caller_argument(atom)
+        if caller is not None:
+            graph, arg = caller
+            return graph.known_constant(arg)
         where = self.producer(atom)
         if where is None:
             return None
@@ -225,26 +224,14 @@ def constant_body_inputs(graph: JaxprGraph, args, body) -> list:
     return list(body.constvars) + [v for v, a in zip(body.invars, args) if graph.is_constant(a)]
 
 
-def known_body_inputs(graph: JaxprGraph, args, body) -> dict:
-    """The inputs of ``body`` whose values the caller knows (the literal
-    ``8.0`` of ``8.0 * s`` passed into ``jnp.multiply``'s wrapper)."""
-    found = {}
-    for v, a in zip(body.invars, args):
-        val = graph.known_constant(a)
-        if val is not None:
-            found[v] = val
-    return found
-
-
 def body_graph(graph: JaxprGraph, eqn, body, args=None) -> JaxprGraph:
     """The graph of a call's ``body`` as its caller ``graph`` sees it: scoped,
-    with the inputs the caller binds to constants marked, their values where
-    known, and a link back to the caller's arguments."""
+    with the inputs the caller binds to constants marked and a link back to
+    the caller's arguments (their values and bounds, asked when needed)."""
     args = eqn.invars if args is None else args
     return JaxprGraph(
         body,
         scope_name(graph.scope, eqn),
         constant_body_inputs(graph, args, body),
-        known_body_inputs(graph, args, body),
-        caller=(graph, {v: a for v, a in zip(body.invars, args) if not isinstance(a, Literal)}),
+        caller=(graph, dict(zip(body.invars, args))),
     )
