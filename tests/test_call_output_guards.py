@@ -273,3 +273,27 @@ def test_known_constant_follows_the_callers_scalar_through_conversion(scale, exp
     assert [v is None for v in values].count(True) == 1  # the traced operand is unknown
     rule = RULES.get("mul")
     assert rule.guards_output(analyze(graph, RULES), mul, 0) == (not np.isfinite(expected))
+
+
+@jax.jit
+def _sqrt_of_nonnegative_part(x):
+    return jnp.sqrt(jnp.where(x >= 0, x, 0.0))
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "grad"])
+def test_a_taken_zero_inside_the_call_stays_non_finite(mode):
+    """``x = 0`` is *taken* here: ``sqrt'(0)`` on a live lane is a genuine
+    singularity, and the body's own guard (now the only one) keeps it, as
+    the hand double where does."""
+
+    def f(x):
+        return jnp.sum(_sqrt_of_nonnegative_part(x))
+
+    def oracle(x):
+        pos = x >= 0
+        return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0))
+
+    assert _call_output_sites(f, X)[0] == []
+    got = np.asarray(MODES[mode](guard(f))(X))
+    assert np.isinf(got[1])  # (jacfwd's other columns meet it as 0 * inf, as plain JAX's do)
+    assert_like_double_where(MODES[mode], f, oracle, X)

@@ -130,3 +130,13 @@ def test_literal_operands_are_bounded_too():
         jax.grad(lambda x: jnp.sum(jnp.unwrap(x)))(X),
         jax.grad(guard(lambda x: jnp.sum(jnp.unwrap(x))))(X),
     )
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "grad"])
+def test_a_taken_zero_under_the_masked_mean_stays_infinite(mode):
+    """A lane the mask keeps, at ``x = 0``: ``sqrt'(0)`` is genuine and the
+    division (now unguarded) passes it on, as in the hand double where."""
+    x0 = X.at[0].set(0.0)
+    got = np.asarray(MODES[mode](guard(masked_mean(1)))(x0))
+    assert np.isinf(got[0])  # (jacfwd's other columns meet it as 0 * inf, as plain JAX's do)
+    assert_like_double_where(MODES[mode], masked_mean(1), masked_mean_oracle(1), x0)
