@@ -12,6 +12,8 @@ jaxpr, the source locations and the gradients must be the same.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -182,3 +184,77 @@ def test_a_high_level_primitive_is_bound_not_copied():
 
     jax.make_jaxpr(traced)(jnp.ones(3))
     assert seen == {"high": None}
+
+
+# -- the guard's own equations, and inline calls evaluated in place -----------
+
+@functools.partial(jax.jit, inline=True)
+def inline_root(h):
+    return jnp.where(h > 0, jnp.sqrt(h), 0.0)
+
+
+def with_inline_call(x, w):
+    return inline_root(x @ w).sum() + jnp.tanh(x).sum()
+
+
+def test_guard_equations_are_emitted_as_equations_not_bound():
+    """The guard's ``stop_gradient``/``select_n`` are emitted directly inside a
+    jaxpr trace; outside one (a JVP over it, eager) ``emit`` declines."""
+    from hlo_guard.jax_frontend.guard_ops import guarded
+
+    seen = {}
+
+    def traced(a):
+        seen["emit"] = compat.emit(lax.select_n_p, {}, [a > 0, a, a], [a.aval])
+        return guarded(a > 0, a)
+
+    got = jax.make_jaxpr(traced)(jnp.ones(3))
+    assert seen["emit"] is not None
+    assert [e.primitive.name for e in got.jaxpr.eqns][-2:] == ["stop_gradient", "select_n"]
+    assert compat.emit(lax.select_n_p, {}, [jnp.ones(3) > 0] * 3, [None]) is None
+    # under a JVP the guard is bound: its tangent is zero in the unmasked lanes
+    mask = jnp.array([True, False, True])
+    _, t = jax.jvp(lambda a: guarded(mask, a), (jnp.ones(3),), (jnp.ones(3),))
+    np.testing.assert_array_equal(t, [1.0, 0.0, 1.0])
+
+
+def test_an_inline_calls_rewritten_body_is_evaluated_in_place(monkeypatch):
+    """JAX inlines ``jit(inline=True)`` where it is bound inside a jaxpr trace,
+    so the rewrite calls the guarded body in place rather than tracing it to a
+    jaxpr of its own first; the program, and every equation's location (the
+    call's, as JAX's inlining gives), are those of binding it."""
+    args = (ARGS[0], ARGS[1][:, :1])
+    in_place = jax.make_jaxpr(hlo_guard.guard(with_inline_call))(*args)
+    bound = _without_restage(
+        monkeypatch, lambda: jax.make_jaxpr(hlo_guard.guard(with_inline_call))(*args)
+    )
+    assert str(in_place) == str(bound)
+    assert _locations(in_place.jaxpr) == _locations(bound.jaxpr)
+    assert "sqrt" in str(in_place) and "name=inline_root" not in str(in_place)
+    seen = {}
+
+    def probe(a):
+        seen["here"] = compat.inline_jits_inline_here()
+        with compat.keep_inline_jits_of_current_trace():  # our own user trace
+            seen["kept"] = compat.inline_jits_inline_here()
+        return a
+
+    jax.make_jaxpr(probe)(1.0)
+    assert seen == {"here": True, "kept": False}
+    assert not compat.inline_jits_inline_here()  # eager: each jit runs compiled
+
+
+def test_an_inline_call_evaluated_in_place_keeps_the_double_where_gradient():
+    x, w = ARGS[0], ARGS[1][:, :1]
+
+    def double_where(x, w):
+        h = x @ w
+        pos = h > 0
+        return jnp.where(pos, jnp.sqrt(jnp.where(pos, h, 1.0)), 0.0).sum() + jnp.tanh(x).sum()
+
+    x = x.at[0].set(0.0)  # h = 0 in row 0: sqrt's pole on a dead lane
+    got = jax.grad(hlo_guard.guarded_jit(with_inline_call), argnums=(0, 1))(x, w)
+    want = jax.grad(double_where, argnums=(0, 1))(x, w)
+    for a, b in zip(got, want):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -18,14 +18,21 @@ from hlo_guard.jax_frontend.graph import is_inexact_aval
 
 
 @contextlib.contextmanager
-def eqn_context(eqn):
+def eqn_context(eqn, at_call_site: bool = False):
     """The equation's source location and name stack, so that re-bound
-    equations keep the user's names in dumps and error messages."""
+    equations keep the user's names in dumps and error messages.
+
+    ``at_call_site``: the equation belongs to the body of an inline call
+    being evaluated in place (what JAX's own inlining does): it keeps the
+    call's location, as JAX gives every inlined equation, and only extends
+    the name stack."""
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-    with (
-        source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
-        eqn.ctx.manager,
-    ):
+    location = (
+        source_info_util.set_name_stack(name_stack)
+        if at_call_site
+        else source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack)
+    )
+    with location, eqn.ctx.manager:
         yield
 
 

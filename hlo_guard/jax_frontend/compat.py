@@ -114,6 +114,19 @@ def keep_inline_jits_of_current_trace():
         _local.traces = prev
 
 
+def inline_jits_inline_here() -> bool:
+    """Whether a ``jit(inline=True)`` bound now would be inlined into the
+    jaxpr being traced (a plain jaxpr trace that is not one of ours keeping
+    its inline jits as calls): then calling the function is the same as
+    binding the jit, without tracing it to a jaxpr of its own first."""
+    if _RESTAGE is None:
+        return False
+    trace = _RESTAGE[0].trace
+    if type(trace) is not _RESTAGE[1]:
+        return False
+    return not any(trace is t for t in getattr(_local, "traces", ()))
+
+
 def attach_debug_info(flat_fn, fn, args, kwargs, static_argnums, static_argnames) -> bool:
     """Make JAX's tracing errors name the user's function and arguments.
 
@@ -236,6 +249,40 @@ def restage(eqn, invals):
     if source is None:
         source = current_source()
     return trace.emit_eqn(tracers, out_avals, eqn.primitive, eqn.params, eqn.effects, source)
+
+
+def emit(primitive, params: dict, invals, out_avals):
+    """``primitive(*invals, **params)`` staged into the jaxpr being traced as
+    one new equation with the given output types, without running the
+    primitive's dispatch and shape rule -- or None where that is not what
+    ``bind`` would do (then the caller binds).
+
+    The guard's own equations (``stop_gradient``, ``select_n`` of a value
+    with itself) are the bulk of what the rewrite adds, and their output type
+    is their operand's; :func:`restage`'s conditions apply: a plain jaxpr
+    trace, every operand a tracer of it, a primitive without a staging rule
+    of its own, no effects."""
+    if _RESTAGE is None:
+        return None
+    trace_ctx, trace_type, tracer_type, rules, current_source, _ = _RESTAGE
+    trace = trace_ctx.trace
+    if type(trace) is not trace_type or primitive in rules:
+        return None
+    for x in invals:
+        if type(x) is not tracer_type or x._trace is not trace:
+            return None
+    return trace.emit_eqn(
+        list(invals), list(out_avals), primitive, params, frozenset(), current_source()
+    )
+
+
+def stop_gradient_primitive():
+    """The primitive ``lax.stop_gradient`` binds (not exported publicly)."""
+    try:
+        from jax._src import ad_util
+    except ImportError:  # pragma: no cover - a future JAX
+        return None
+    return getattr(ad_util, "stop_gradient_p", None)
 
 
 # -- primitive parameters that moved between JAX versions ----------------------

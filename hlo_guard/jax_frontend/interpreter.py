@@ -35,8 +35,9 @@ from jax.core import eval_jaxpr
 
 from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
 from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
-from hlo_guard.jax_frontend.compat import scan_layout
+from hlo_guard.jax_frontend.compat import inline_jits_inline_here, jit_inlines, scan_layout
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal, is_inexact_aval
+from hlo_guard.jax_frontend.guard_ops import guarded, stopped
 from hlo_guard.jax_frontend.guarded_binding import (
     bind_sharing,
     bind_with_broadcast_guards,
@@ -73,10 +74,13 @@ class Scope:
         in_tmasks: Sequence[Any] | None = None,
         mode: str = "gradient",
         nested: bool = False,
+        at_call_site: bool = False,
     ):
         self.analysis = analysis
         self.mode = mode
         self.nested = nested
+        #: the body of an inline call evaluated in place (see ``eqn_context``)
+        self.at_call_site = at_call_site
         # the JAX front end analyses jaxpr graphs only
         self.graph: JaxprGraph = cast(JaxprGraph, analysis.graph)
         self.jaxpr = self.graph.jaxpr
@@ -91,6 +95,7 @@ class Scope:
             parent.value if parent is not None else None,
             parent_inputs,
         )
+        self.values.at_call_site = at_call_site
         self.resolver = MaskResolver(analysis, ALGEBRA, out_masks, self._input_masks)
         self.children: dict[Any, Scope] = {}
         #: (variable, mask key) -> its guarded value (:meth:`shared_guard`)
@@ -172,7 +177,7 @@ class Scope:
 
     def guard_output(self, node: int, site: OutputGuardSite, y):
         if site.statically_dead:
-            return lax.stop_gradient(y)
+            return stopped(y)
         try:
             mask = self.tangent_mask(self.graph.eqns[node].outvars[site.index])
         except ShadowUnavailable as exc:
@@ -181,8 +186,8 @@ class Scope:
         if mask is ALL:
             return y
         if mask is NONE:
-            return lax.stop_gradient(y)
-        return lax.select(to_guard_mask(mask, np.shape(y)), y, lax.stop_gradient(y))
+            return stopped(y)
+        return guarded(mask, y)
 
     def child_masks(self, node: int, k: int, out_masks, analysis: Analysis | None = None) -> Scope:
         """A mask-only scope over the body of call ``node``, reading its inputs
@@ -212,7 +217,7 @@ class Scope:
         if safe is not None:
             return self._substitute(node, site, x, safe)
         if site.statically_dead:
-            return lax.stop_gradient(x)
+            return stopped(x)
         try:
             mask = self.resolver.use_mask(node, site.index)
         except ShadowUnavailable as exc:
@@ -221,9 +226,8 @@ class Scope:
         if mask is ALL:
             return x
         if mask is NONE:
-            return lax.stop_gradient(x)
-        shape = np.shape(x)
-        return lax.select(to_guard_mask(mask, shape), x, lax.stop_gradient(x))
+            return stopped(x)
+        return guarded(mask, x)
 
     def shared_guard(self, node: int, site: GuardSite, x):
         """:meth:`guard`, once per (value, mask): the uses of one value whose
@@ -345,7 +349,7 @@ class Scope:
         self.values.sharing = self.mode == "gradient"
         for node, eqn in enumerate(self.graph.eqns):
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
-            with eqn_context(eqn):
+            with eqn_context(eqn, self.at_call_site):
                 node_sites = sites.get(node, ())
                 wide = self.broadcast_masks(node, eqn, node_sites, invals)
                 for site in node_sites:
@@ -404,21 +408,37 @@ class Scope:
 
 
 def run_guarded(
-    analysis: Analysis, consts, args, out_masks=None, mode: str = "gradient", nested: bool = False
+    analysis: Analysis,
+    consts,
+    args,
+    out_masks=None,
+    mode: str = "gradient",
+    nested: bool = False,
+    at_call_site: bool = False,
 ):
     """Evaluate ``analysis``'s jaxpr with guards.  ``mode="value"`` substitutes
     safe points in value-dead lanes where it can (:mod:`value_mode`);
-    ``nested``: a call or control-flow body, whose outputs feed a caller."""
+    ``nested``: a call or control-flow body, whose outputs feed a caller;
+    ``at_call_site``: an inline call's body evaluated in place."""
     if out_masks is None:
         out_masks = [ALL] * len(cast(JaxprGraph, analysis.graph).jaxpr.outvars)
-    return Scope(analysis, consts, args, out_masks, mode=mode, nested=nested).run()
+    scope = Scope(
+        analysis, consts, args, out_masks, mode=mode, nested=nested, at_call_site=at_call_site
+    )
+    return scope.run()
 
 
 # -- re-binding calls and control flow with guarded bodies ------------------------
 
 
 def _guarded_body(
-    sub: Analysis, consts, n_args: int, fixed, mode: str = "gradient", nested: bool = True
+    sub: Analysis,
+    consts,
+    n_args: int,
+    fixed,
+    mode: str = "gradient",
+    nested: bool = True,
+    at_call_site: bool = False,
 ):
     """A function (*args, *passed_masks) -> outputs evaluating ``sub`` guarded."""
 
@@ -426,7 +446,9 @@ def _guarded_body(
         args = args_and_masks[:n_args]
         passed = iter(args_and_masks[n_args:])
         out_masks = [next(passed) if f is None else f for f in fixed]
-        return run_guarded(sub, consts, args, out_masks, mode=mode, nested=nested)
+        return run_guarded(
+            sub, consts, args, out_masks, mode=mode, nested=nested, at_call_site=at_call_site
+        )
 
     return body
 
@@ -442,13 +464,18 @@ def _guarded_call(scope: Scope, node, eqn, n_invals):
     sub = scope.analysis.subs[(node, 0)]
     passed, fixed = scope.output_masks_for(node, sub)
     nested = scope.body_nested(node)
-    key = (node, tuple(f is None for f in fixed), scope.mode, nested)
+    name = eqn.primitive.name
+    # an inline jit bound here would be inlined: call its guarded body
+    # directly instead of tracing it to a jaxpr JAX then copies in
+    inline_here = name == "jit" and jit_inlines(eqn.params) and inline_jits_inline_here()
+    key = (node, tuple(f is None for f in fixed), scope.mode, nested, inline_here)
     fn = scope.plan.callables.get(key)
     if fn is None:
         body, consts = body_of(eqn)
-        inner = _guarded_body(sub, consts, n_invals, fixed, scope.mode, nested)
-        name = eqn.primitive.name
-        if name == "remat2":
+        inner = _guarded_body(sub, consts, n_invals, fixed, scope.mode, nested, inline_here)
+        if inline_here:
+            fn = inner
+        elif name == "remat2":
             fn = jax.checkpoint(
                 inner,
                 prevent_cse=eqn.params.get("prevent_cse", True),

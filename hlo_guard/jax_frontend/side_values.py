@@ -54,6 +54,9 @@ class ScopeValues:
         #: set while a gradient-mode evaluation runs: side inputs keep their
         #: derivatives so that side values can be shared as primals
         self.sharing = False
+        #: the scope is an inline call's body evaluated in place: side
+        #: equations keep the call's location too (``eqn_context``)
+        self.at_call_site = False
 
     def value(self, atom):
         """The value of ``atom``, computing it on the side if need be."""
@@ -107,7 +110,7 @@ class ScopeValues:
                 "which must run exactly once"
             )
         invals = [self._side_input(v) for v in eqn.invars]
-        with eqn_context(eqn):
+        with eqn_context(eqn, self.at_call_site):
             outs = bind_eqn(eqn, invals)
         for ov, o in zip(eqn.outvars, outs):
             if not isinstance(ov, DropVar):
