@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 
+from hlo_guard.collection import building_a_program, collection_paused
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.compat import public_nan_errors
 from hlo_guard.jax_frontend.interpreter import run_guarded
@@ -129,8 +130,9 @@ class GuardedFunction:
         return program, leaves
 
     def __call__(self, *args, **kwargs):
-        program, leaves = self.traced(*args, **kwargs)
-        with public_nan_errors():
+        with collection_paused():
+            program, leaves = self.traced(*args, **kwargs)
+        with public_nan_errors(), collection_paused(building_a_program()):
             outs = run_guarded(
                 program.analysis, program.closed_jaxpr.consts, leaves, mode=self.mode
             )

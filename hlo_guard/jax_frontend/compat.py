@@ -114,6 +114,15 @@ def keep_inline_jits_of_current_trace():
         _local.traces = prev
 
 
+def evaluating_eagerly() -> bool:
+    """Whether operations bound now run at once (JAX's eval trace) rather
+    than being staged or transformed."""
+    from jax._src import core as jcore
+
+    eval_trace = getattr(jcore, "EvalTrace", None)
+    return eval_trace is not None and type(jcore.trace_ctx.trace) is eval_trace
+
+
 def inline_jits_inline_here() -> bool:
     """Whether a ``jit(inline=True)`` bound now would be inlined into the
     jaxpr being traced (a plain jaxpr trace that is not one of ours keeping
