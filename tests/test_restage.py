@@ -188,6 +188,7 @@ def test_a_high_level_primitive_is_bound_not_copied():
 
 # -- the guard's own equations, and inline calls evaluated in place -----------
 
+
 @functools.partial(jax.jit, inline=True)
 def inline_root(h):
     return jnp.where(h > 0, jnp.sqrt(h), 0.0)
