@@ -36,6 +36,18 @@ def eqn_context(eqn, at_call_site: bool = False):
         yield
 
 
+def copy_unchanged(eqn, invals):
+    """An equation the rewrite leaves as it is, copied (:func:`compat.restage`)
+    with the location and context ``eqn_context`` would give it, without
+    entering that context (most equations of a program are these); None where
+    copying does not apply -- then the caller goes the general way."""
+    info = eqn.source_info
+    if info.traceback is None:  # bind would record a fresh one
+        return None
+    name_stack = source_info_util.current_name_stack() + info.name_stack
+    return restage(eqn, invals, info.replace(name_stack=name_stack), eqn.ctx)
+
+
 def bind_eqn(eqn, invals):
     """Bind ``eqn``'s primitive with its own parameters to ``invals``; always
     a list of outputs.  Inside a jaxpr trace an unchanged equation is copied

@@ -218,7 +218,7 @@ def restage_available() -> bool:
     return _RESTAGE is not None
 
 
-def restage(eqn, invals):
+def restage(eqn, invals, source=None, ctx=None):
     """``eqn`` staged again into the jaxpr being traced, reading ``invals``,
     by copying it: its primitive, parameters and output types as they are,
     without re-running the primitive's dispatch and shape rule.  Returns the
@@ -231,14 +231,15 @@ def restage(eqn, invals):
     guard's select keeps its operand's type, so guarded operands qualify), and
     the primitive has no staging rule of its own (calls, whose rule may inline
     or forward) and no effects (whose operands JAX re-resolves).  The source
-    location is the one ``bind`` would record (the caller's ``eqn_context``)."""
+    location is the one ``bind`` would record (the caller's ``eqn_context``),
+    or ``source`` and ``ctx`` when the caller passes what that context would
+    hold (then it need not enter it)."""
     if _RESTAGE is None:
         return None
     trace_ctx, trace_type, tracer_type, rules, current_source, literal = _RESTAGE
     trace = trace_ctx.trace
     if type(trace) is not trace_type or eqn.effects or eqn.primitive in rules:
         return None
-    source = None
     tracers = []
     for v, x in zip(eqn.invars, invals):
         if type(v) is literal:
@@ -257,7 +258,7 @@ def restage(eqn, invals):
         return None  # a high-level primitive marks the jaxpr it is staged into
     if source is None:
         source = current_source()
-    return trace.emit_eqn(tracers, out_avals, eqn.primitive, eqn.params, eqn.effects, source)
+    return trace.emit_eqn(tracers, out_avals, eqn.primitive, eqn.params, eqn.effects, source, ctx)
 
 
 def emit(primitive, params: dict, invals, out_avals):

@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 from jax.core import eval_jaxpr
 
-from hlo_guard.jax_frontend.binding import bind_eqn, eqn_context
+from hlo_guard.jax_frontend.binding import bind_eqn, copy_unchanged, eqn_context
 from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
 from hlo_guard.jax_frontend.compat import inline_jits_inline_here, jit_inlines, scan_layout
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal, is_inexact_aval
@@ -347,8 +347,27 @@ class Scope:
         # guarded evaluation can share them (:mod:`shared_primal`); mask-only
         # scopes never run() and stop them
         self.values.sharing = self.mode == "gradient"
+        rewritten = self.plan.rewritten_bodies(self.mode)
+        contractions = self.plan.guarded_contractions
+        # an inline body evaluated in place keeps its call's location: always
+        # through eqn_context
+        fast = not self.at_call_site
         for node, eqn in enumerate(self.graph.eqns):
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
+            if (
+                fast
+                and node not in sites
+                and node not in out_sites
+                and node not in contractions
+                and node not in rewritten
+                and self._shared_side(eqn) is None
+            ):
+                outs = copy_unchanged(eqn, invals)
+                if outs is not None:
+                    for ov, o in zip(eqn.outvars, outs):
+                        if not isinstance(ov, DropVar):
+                            env[ov] = o
+                    continue
             with eqn_context(eqn, self.at_call_site):
                 node_sites = sites.get(node, ())
                 wide = self.broadcast_masks(node, eqn, node_sites, invals)

@@ -39,15 +39,22 @@ class JaxRule(Rule):
         every output lane's cotangent: that is lane mixing)."""
         if not self.lane_local:
             return False
+        if self.lane_local != "same-shape":
+            return True
+        # asked of every node by each placement sweep: plain loops, no sets
         eqn = analysis.graph.eqns[node]
-        if self.lane_local == "same-shape":
-            shapes = {aval_shape(v) for v in eqn.outvars}
-            shapes.update(
-                aval_shape(eqn.invars[i])
-                for i in diff_indices(eqn)
-                if analysis.use(node, i).reaches_output  # a constant operand mixes nothing
-            )
-            return len(shapes) == 1
+        outs = eqn.outvars
+        if not outs:
+            return False
+        shape = aval_shape(outs[0])
+        for v in outs[1:]:
+            if aval_shape(v) != shape:
+                return False
+        for i, v in enumerate(eqn.invars):
+            if is_literal(v) or not is_inexact_aval(v.aval):
+                continue
+            if aval_shape(v) != shape and analysis.use(node, i).reaches_output:
+                return False  # (a constant operand mixes nothing)
         return True
 
     def mask_passes_through(self, analysis, node, index) -> bool:
