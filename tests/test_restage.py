@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from double_where import assert_like_double_where, modes
 from jax import lax
 from jax.extend import source_info_util
 
@@ -191,7 +192,8 @@ def test_a_high_level_primitive_is_bound_not_copied():
 
 @functools.partial(jax.jit, inline=True)
 def inline_root(h):
-    return jnp.where(h > 0, jnp.sqrt(h), 0.0)
+    # a forward-mode exit (max) after a masked log: the body itself is rewritten
+    return jnp.maximum(jnp.log(jnp.where(h > 0, h, 0.0)), -1.0)
 
 
 def with_inline_call(x, w):
@@ -220,18 +222,36 @@ def test_guard_equations_are_emitted_as_equations_not_bound():
 
 
 def test_an_inline_calls_rewritten_body_is_evaluated_in_place(monkeypatch):
-    """JAX inlines ``jit(inline=True)`` where it is bound inside a jaxpr trace,
-    so the rewrite calls the guarded body in place rather than tracing it to a
-    jaxpr of its own first; the program, and every equation's location (the
-    call's, as JAX's inlining gives), are those of binding it."""
+    """Where JAX inlines a ``jit(inline=True)`` while tracing (jax 0.10; on
+    0.11+ ``inline=True`` is inlined only when lowering and stays a call in
+    the jaxpr), the rewrite calls the guarded body in place rather than
+    tracing it to a jaxpr of its own first; the program, and every
+    equation's location (the call's, as JAX's inlining gives), are those of
+    binding it."""
+    from hlo_guard.jax_frontend import interpreter
+
+    made = []
+    real = interpreter._guarded_call
+
+    def spy(scope, node, eqn, n):
+        fn, passed = real(scope, node, eqn, n)
+        made.append((eqn.params.get("name"), fn))
+        return fn, passed
+
+    monkeypatch.setattr(interpreter, "_guarded_call", spy)
     args = (ARGS[0], ARGS[1][:, :1])
     in_place = jax.make_jaxpr(hlo_guard.guard(with_inline_call))(*args)
+    root = [fn for name, fn in made if name == "inline_root"]
+    assert len(root) == 1  # the body is rewritten
     bound = _without_restage(
         monkeypatch, lambda: jax.make_jaxpr(hlo_guard.guard(with_inline_call))(*args)
     )
     assert str(in_place) == str(bound)
     assert _locations(in_place.jaxpr) == _locations(bound.jaxpr)
-    assert "sqrt" in str(in_place) and "name=inline_root" not in str(in_place)
+    # in place exactly where JAX itself inlines the call (oracle: plain tracing)
+    jax_inlines = "name=inline_root" not in str(jax.make_jaxpr(with_inline_call)(*args))
+    assert ("name=inline_root" not in str(in_place)) == jax_inlines
+    assert (not hasattr(root[0], "lower")) == jax_inlines  # a plain function, not a jax.jit
     seen = {}
 
     def probe(a):
@@ -251,11 +271,17 @@ def test_an_inline_call_evaluated_in_place_keeps_the_double_where_gradient():
     def double_where(x, w):
         h = x @ w
         pos = h > 0
-        return jnp.where(pos, jnp.sqrt(jnp.where(pos, h, 1.0)), 0.0).sum() + jnp.tanh(x).sum()
+        inner = jnp.where(pos, jnp.log(jnp.where(pos, h, 1.0)), -jnp.inf)
+        return jnp.maximum(inner, -1.0).sum() + jnp.tanh(x).sum()
 
-    x = x.at[0].set(0.0)  # h = 0 in row 0: sqrt's pole on a dead lane
+    x = x.at[0].set(0.0)  # h = 0 in row 0: log's pole on a dead lane
     got = jax.grad(hlo_guard.guarded_jit(with_inline_call), argnums=(0, 1))(x, w)
     want = jax.grad(double_where, argnums=(0, 1))(x, w)
     for a, b in zip(got, want):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    # forward mode: the max in the body is the exit its guard is for
+    for d in modes("jacfwd", "hessian").values():
+        assert_like_double_where(
+            d, lambda x: with_inline_call(x, w), lambda x: double_where(x, w), x
+        )

@@ -327,6 +327,27 @@ def jit_inlines(params: dict) -> bool:
     return getattr(value, "name", None) in ("JAX_EARLY", "JAX_LATE")
 
 
+def jit_inlined_while_tracing(params: dict) -> bool:
+    """Whether JAX inlines a ``jit`` equation with these parameters into the
+    jaxpr being traced when it is bound there (its staging rule), rather
+    than keeping it as a call.
+
+    jax 0.10.x: ``inline=True`` with no shardings or layouts given.  jax
+    0.11/0.12: only ``JAX_EARLY``; ``JAX_LATE`` (what ``inline=True``
+    became) stays a call in the jaxpr and is inlined when lowering."""
+    value = params.get("inline", False)
+    if isinstance(value, bool):
+        if not value:
+            return False
+    elif getattr(value, "name", None) != "JAX_EARLY":
+        return False
+    unspecified = [*params.get("in_shardings", ()), *params.get("out_shardings", ())]
+    if any(type(s).__name__ != "UnspecifiedValue" for s in unspecified):
+        return False
+    layouts = [*params.get("in_layouts", ()), *params.get("out_layouts", ())]
+    return all(lay is None for lay in layouts)
+
+
 class _NeverRaised(Exception):
     """Stands in when JAX no longer has the internal exception."""
 

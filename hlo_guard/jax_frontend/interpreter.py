@@ -35,7 +35,11 @@ from jax.core import eval_jaxpr
 
 from hlo_guard.jax_frontend.binding import bind_eqn, copy_unchanged, eqn_context
 from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
-from hlo_guard.jax_frontend.compat import inline_jits_inline_here, jit_inlines, scan_layout
+from hlo_guard.jax_frontend.compat import (
+    inline_jits_inline_here,
+    jit_inlined_while_tracing,
+    scan_layout,
+)
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal, is_inexact_aval
 from hlo_guard.jax_frontend.guard_ops import guarded, stopped
 from hlo_guard.jax_frontend.guarded_binding import (
@@ -484,9 +488,11 @@ def _guarded_call(scope: Scope, node, eqn, n_invals):
     passed, fixed = scope.output_masks_for(node, sub)
     nested = scope.body_nested(node)
     name = eqn.primitive.name
-    # an inline jit bound here would be inlined: call its guarded body
-    # directly instead of tracing it to a jaxpr JAX then copies in
-    inline_here = name == "jit" and jit_inlines(eqn.params) and inline_jits_inline_here()
+    # a jit that binding here would inline: call its guarded body directly
+    # instead of tracing it to a jaxpr JAX then copies in
+    inline_here = (
+        name == "jit" and jit_inlined_while_tracing(eqn.params) and inline_jits_inline_here()
+    )
     key = (node, tuple(f is None for f in fixed), scope.mode, nested, inline_here)
     fn = scope.plan.callables.get(key)
     if fn is None:
