@@ -279,3 +279,97 @@ def test_pad_value_is_live_iff_a_padding_lane_is(pad_lane_live):
     assert np.isposinf(gv) if pad_lane_live else gv == 0.0
     _, pv = jax.grad(f, argnums=(0, 1))(x, jnp.float32(0.0))
     assert not np.isfinite(pv)  # the plain program: inf (live) or 0 * inf (dead)
+
+
+# -- masks known to lie within a broadcast (a gather by row) -------------------
+
+
+def test_a_size_one_reshape_is_a_broadcast_of_its_operand():
+    """``[B] -> [B, 1]`` inserts only a size-1 axis: ``any`` over it, or a
+    broadcast of it, works on the operand itself (no reduce, no reshape)."""
+    row = RNG.random(4) > 0.5
+
+    def f(r):
+        col = lax_ops.reshape(r, (4, 1))
+        assert mask_ops.broadcast_source(col)[0] is r
+        assert lax_ops.any(col, axis=1) is r
+        return lax_ops.broadcast_to(col, (4, 3))
+
+    got, jaxpr = traced(f, row)
+    np.testing.assert_array_equal(got, np.broadcast_to(row[:, None], (4, 3)))
+    assert "reduce_or" not in used_prims(jaxpr)
+
+
+def test_or_with_a_broadcast_a_mask_lies_within_is_that_broadcast():
+    row = RNG.random(4) > 0.5
+    inside = RNG.random((4, 3)) > 0.5
+    inside &= row[:, None]  # the fact being recorded must hold
+
+    def f(r, s):
+        wide = lax_ops.broadcast_in_dim(r, (4, 3), (0,))
+        mask_ops.record_within(s, r, (0,))
+        assert lax_ops.logical_or(s, wide) is wide
+        assert lax_ops.logical_or(wide, s) is wide
+        # another broadcast of the same row (along the other axis) is not it
+        other = lax_ops.broadcast_in_dim(lax_ops.any(s, axis=0), (4, 3), (1,))
+        return lax_ops.logical_or(s, other)
+
+    got, jaxpr = traced(f, row, inside)
+    np.testing.assert_array_equal(got, inside | inside.any(axis=0)[None, :])
+    assert "or" in used_prims(jaxpr)
+
+
+def _cross_entropy(hazard, z, labels, rows):
+    """Masked cross-entropy over rows, through a hazard on the logits."""
+    logits = hazard(z)
+    nll = (
+        jax.nn.logsumexp(logits, axis=-1)
+        - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    )
+    return jnp.sum(jnp.where(rows, nll, 0.0))
+
+
+def test_cross_entropy_row_mask_needs_no_scatter():
+    """The logits are read by ``logsumexp`` (every lane of a live row) and by
+    the label gather (one lane of it): their mask is the row mask, and the
+    guarded gradient has the hand double where's scatters (the gather's own
+    transpose), not one more for the gather's mask.  The row mask is an
+    argument: a mask known while tracing is folded away either way."""
+    labels = jnp.array([0, 2, 1, 2])
+    rows = jnp.array([True, False, True, False])
+    z = jnp.array([[1.0, 2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 1.0, 2.0], [0.0, 4.0, 0.0]])
+
+    def loss(z, rows):
+        return _cross_entropy(jnp.sqrt, z, labels, rows)
+
+    def loss_dw(z, rows):
+        safe = jnp.where(rows[:, None], z, 1.0)
+        return _cross_entropy(jnp.sqrt, safe, labels, rows)
+
+    def scatters(fn):
+        text = jax.jit(jax.grad(fn)).lower(z, rows).compile().as_text()
+        return text.count(" scatter(")
+
+    assert scatters(guard(loss)) == scatters(loss_dw)
+    got = jax.grad(guard(loss))(z, rows)
+    np.testing.assert_allclose(got, jax.grad(loss_dw)(z, rows), rtol=1e-6)
+    assert np.all(got[~np.asarray(rows)] == 0)
+
+
+def test_a_gather_read_alone_keeps_its_lane_mask():
+    """Only the gathered lane of a live row is live when nothing else reads
+    the row: the unread lanes (sqrt'(0) = inf there) must stay guarded."""
+    labels = jnp.array([0, 2, 1])
+    rows = jnp.array([True, False, True])
+    z = jnp.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+
+    def loss(z):
+        picked = jnp.take_along_axis(jnp.sqrt(z), labels[:, None], axis=-1)[:, 0]
+        return jnp.sum(jnp.where(rows, picked, 0.0))
+
+    def per_lane(z):  # the per-lane if: only the picked lanes of live rows
+        read = jax.nn.one_hot(labels, 3, dtype=bool) & rows[:, None]
+        return jnp.sum(jnp.where(read, jnp.sqrt(jnp.where(read, z, 1.0)), 0.0))
+
+    np.testing.assert_array_equal(jax.grad(guard(loss))(z), jax.grad(per_lane)(z))
+    np.testing.assert_array_equal(jax.jacfwd(guard(loss))(z), jax.jacfwd(per_lane)(z))

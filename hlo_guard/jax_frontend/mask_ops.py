@@ -74,6 +74,38 @@ class _Broadcasts:
 
 _BROADCASTS = _Broadcasts()
 
+#: Masks known to lie *within* a broadcast: ``mask <= broadcast_in_dim(source,
+#: shape, dims)`` lane by lane (same table mechanics as :data:`_BROADCASTS`).
+#: A gather's operand mask is a scatter of its output mask; when that output
+#: mask is a broadcast along the gather's batching dimensions (a per-row mask
+#: read by ``take_along_axis``), every lane the scatter marks lies in a row
+#: the output mask marks.  The cross-entropy ``logsumexp(z) - take(z, label)``
+#: then ORs the scatter with the row mask it lies within: knowing that, the
+#: OR is the row mask, and the scatter (a full-size kernel in the gradient)
+#: is never used.
+_WITHIN = _Broadcasts()
+
+
+def record_within(mask, source, dims):
+    """Note that ``mask`` lies within ``broadcast_in_dim(source, shape of
+    mask, dims)`` (see :data:`_WITHIN`); returns ``mask``."""
+    return _WITHIN.record(mask, source, dims)
+
+
+def broadcast_source(mask):
+    """``(source, dims)`` with ``mask == broadcast_in_dim(source, shape, dims)``
+    (a mask not known as a broadcast is its own source)."""
+    return _as_broadcast(mask)
+
+
+def _within(a, b) -> bool:
+    """Whether ``a`` is known to lie within ``b`` (``a | b == b``)."""
+    bound = _WITHIN.of(a)
+    if bound is None or np.shape(a) != np.shape(b):
+        return False
+    source, dims = _as_broadcast(b)
+    return source is bound[0] and tuple(dims) == tuple(bound[1])
+
 
 def _as_broadcast(x):
     """``(source, dims)`` for any traced mask (a plain array is the broadcast
@@ -165,6 +197,10 @@ class _LaxOps:
 
     @staticmethod
     def logical_or(a, b):
+        if _within(a, b):
+            return b
+        if _within(b, a):
+            return a
         return _LaxOps._bitwise(lax.bitwise_or, a, b)
 
     @staticmethod
@@ -234,7 +270,13 @@ class _LaxOps:
             moved = _reshape_broadcast(found[0], found[1], tuple(np.shape(a)), shape)
             if moved is not None:
                 return moved
-        return lax.reshape(a, shape)
+        out = lax.reshape(a, shape)
+        old = tuple(np.shape(a))
+        kept = [d for d, n in enumerate(shape) if n != 1]
+        if 1 not in old and tuple(shape[d] for d in kept) == old:
+            # only size-1 axes inserted (``[B] -> [B, 1]``): a broadcast of ``a``
+            _BROADCASTS.record(out, a, kept)
+        return out
 
     @staticmethod
     def transpose(a, perm):

@@ -26,7 +26,15 @@ from jax import lax
 
 import passes.rules as passes_rules
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
-from hlo_guard.jax_frontend.mask_ops import is_static, lax_ops, materialize, normalize, xp
+from hlo_guard.jax_frontend.mask_ops import (
+    broadcast_source,
+    is_static,
+    lax_ops,
+    materialize,
+    normalize,
+    record_within,
+    xp,
+)
 from hlo_guard.jax_frontend.rules.base import (
     JaxRule,
     aval_shape,
@@ -325,6 +333,61 @@ def _place(m, mask, shape, dims):
     dims = sorted(dims)
     expanded = np.reshape(mask, tuple(shape[d] if d in dims else 1 for d in range(len(shape))))
     return np.broadcast_to(expanded, shape)
+
+
+class _Gather(Structural):
+    """``gather``: the operand's mask is JAX's transpose (a scatter) of the
+    output mask, as for any structural op.  Besides, where the output mask is
+    a broadcast of a mask on the gather's *batching* dimensions (a per-row
+    mask read by ``take_along_axis``), the operand mask is noted to lie within
+    that mask broadcast over the operand (:func:`mask_ops.record_within`): an
+    operand lane is read only by outputs of its own batch row.  A value read
+    both by the gather and by a row-wise op of the same mask (the
+    ``logsumexp`` of a cross-entropy) then has that mask, without the
+    scatter."""
+
+    def __init__(self):
+        super().__init__(_always)
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        found = super().input_masks(mctx, node, eqn, out_masks)
+        bound = _batch_row_bound(eqn, out_masks[0])
+        if bound is not None and not is_static(found[0]) and found[0] is not NONE:
+            record_within(found[0], *bound)
+        return found
+
+
+def _batch_row_bound(eqn, out_mask):
+    """``(source, operand dims)`` with the gather's operand mask within
+    ``broadcast_in_dim(source, operand shape, operand dims)``, or None.
+
+    The output's non-offset dimensions are the indices' batch dimensions in
+    order (the index vector is the indices' last dimension); batching pair
+    ``j`` ties indices dimension ``start_indices_batching_dims[j]`` to operand
+    dimension ``operand_batching_dims[j]``, and an output lane reads operand
+    lanes of the same coordinate there.  So when every axis of the output
+    mask's broadcast source lies on such a dimension, an operand lane the
+    transpose marks lies where the source (moved to the operand's dimensions)
+    is true."""
+    if out_mask is ALL or out_mask is NONE or is_static(out_mask):
+        return None
+    dn = eqn.params["dimension_numbers"]
+    operand_batch = tuple(getattr(dn, "operand_batching_dims", ()) or ())
+    indices_batch = tuple(getattr(dn, "start_indices_batching_dims", ()) or ())
+    if not operand_batch or len(operand_batch) != len(indices_batch):
+        return None
+    out_rank = len(eqn.outvars[0].aval.shape)
+    batch_out = [d for d in range(out_rank) if d not in tuple(dn.offset_dims)]
+    to_operand = {
+        batch_out[k]: o for k, o in zip(indices_batch, operand_batch) if k < len(batch_out)
+    }
+    source, dims = broadcast_source(out_mask)
+    if any(d not in to_operand for d in dims):
+        return None
+    operand_dims = tuple(to_operand[d] for d in dims)
+    if list(operand_dims) != sorted(operand_dims):
+        return None
+    return source, operand_dims
 
 
 class _BoolLayout(Structural):
@@ -657,7 +720,7 @@ def register(table):
     table.register("slice", _Slice(_slice_drops))
     table.register("dynamic_slice", Structural(_dynamic_slice_drops))
     table.register("dynamic_update_slice", Structural(_first_operand_drops))
-    table.register("gather", Structural(_always))
+    table.register("gather", _Gather())
     table.register(["scatter-add", "scatter-sub"], Structural(lambda eqn, i: i != 0))
     table.register("scatter", Structural(_always))
     table.register("pad", _Pad(_pad_drops))
