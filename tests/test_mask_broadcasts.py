@@ -373,3 +373,52 @@ def test_a_gather_read_alone_keeps_its_lane_mask():
 
     np.testing.assert_array_equal(jax.grad(guard(loss))(z), jax.grad(per_lane)(z))
     np.testing.assert_array_equal(jax.jacfwd(guard(loss))(z), jax.jacfwd(per_lane)(z))
+
+
+def _all_eqns(jaxpr):
+    """Every equation, nested bodies included."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    for e in jaxpr.eqns:
+        yield e
+        for p in e.params.values():
+            for sub in p if isinstance(p, (tuple, list)) else (p,):
+                if isinstance(sub, ClosedJaxpr):
+                    yield from _all_eqns(sub.jaxpr)
+                elif isinstance(sub, Jaxpr):
+                    yield from _all_eqns(sub)
+
+
+def test_a_broadcast_mask_passed_into_a_call_body_stays_a_broadcast():
+    """A call's output mask enters its rewritten body as an argument, a fresh
+    tracer there: passed whole, a row mask broadcast over ``[B, H]`` was
+    reduced again inside (``any`` over its broadcast axis, for the
+    ``dot_general`` operands).  It is passed as its source and rebuilt as a
+    known broadcast, so no full-size mask is reduced anywhere; the gradient is
+    the hand double where's."""
+    matmul = jax.jit(lambda a, b: a @ b)
+    x = jnp.array(RNG.normal(size=(6, 4)), jnp.float32)
+    w = jnp.array(RNG.normal(size=(4, 5)), jnp.float32)
+    rows = jnp.array([True, False, True, True, False, True])
+
+    def loss(x, w, rows):
+        h = matmul(x, w)
+        return jnp.sum(jnp.where(rows[:, None], jnp.log(jnp.abs(h)), 0.0))
+
+    def loss_dw(x, w, rows):
+        h = matmul(x, w)
+        return jnp.sum(
+            jnp.where(rows[:, None], jnp.log(jnp.abs(jnp.where(rows[:, None], h, 1.0))), 0.0)
+        )
+
+    x = x.at[1].set(0.0)  # a dead row at log's pole
+    grad = jax.grad(guard(loss), argnums=(0, 1))
+    jaxpr = jax.make_jaxpr(grad)(x, w, rows).jaxpr
+    reduced = [
+        e.invars[0].aval.shape
+        for e in _all_eqns(jaxpr)
+        if e.primitive.name == "reduce_or" and len(e.invars[0].aval.shape) == 2
+    ]
+    assert reduced == []
+    for got, want in zip(grad(x, w, rows), jax.grad(loss_dw, argnums=(0, 1))(x, w, rows)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)

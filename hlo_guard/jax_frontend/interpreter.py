@@ -48,7 +48,12 @@ from hlo_guard.jax_frontend.guarded_binding import (
     bind_with_contraction_guards,
     call_with,
 )
-from hlo_guard.jax_frontend.mask_ops import ALGEBRA, to_guard_mask
+from hlo_guard.jax_frontend.mask_ops import (
+    ALGEBRA,
+    broadcast_source,
+    lax_broadcast_in_dim,
+    to_guard_mask,
+)
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rules import RULES
 from hlo_guard.jax_frontend.shared_primal import can_share, share_side_primal
@@ -403,11 +408,19 @@ class Scope:
         self.record.finished.add(self.mode)
         return [v.val if isinstance(v, Literal) else env[v] for v in self.jaxpr.outvars]
 
-    def output_masks_for(self, node: int, sub: Analysis):
-        """Masks of call ``node``'s outputs to pass into its guarded body."""
+    def output_masks_for(self, node: int, sub: Analysis, compact: bool = False):
+        """Masks of call ``node``'s outputs to pass into its guarded body:
+        ``(passed, fixed, layouts)``.  ``compact``: a mask known to be a
+        broadcast is passed as its source, ``layouts`` holding its ``(shape,
+        dims)`` (None for a mask passed whole), so that the body rebuilds it
+        as a known broadcast -- an argument of a traced body is a fresh
+        tracer, and rules inside would otherwise reduce the full-size mask
+        again (``any`` over a row mask's broadcast axes for a ``dot_general``
+        operand inside ``jnp.matmul``'s body)."""
         eqn = self.graph.eqns[node]
         passed: list[Any] = []
         fixed: list[Any] = []
+        layouts: list[Any] = []
         n_carry = scan_layout(eqn.params, len(eqn.invars))[1] if eqn.primitive.name == "scan" else 0
         for j, lv in enumerate(sub.out_liveness):
             if lv.is_partial and j >= n_carry:
@@ -417,11 +430,18 @@ class Scope:
                 except ShadowUnavailable as exc:
                     self.record.skip(node, None, str(exc))
                     m = ALL
-                passed.append(to_guard_mask(m, tuple(ov.aval.shape)))
+                full = to_guard_mask(m, tuple(ov.aval.shape))
+                source, dims = broadcast_source(full)
+                if compact and source is not full:
+                    passed.append(source)
+                    layouts.append((tuple(ov.aval.shape), tuple(dims)))
+                else:
+                    passed.append(full)
+                    layouts.append(None)
                 fixed.append(None)
             else:
                 fixed.append(ALL if lv.is_live else NONE)
-        return passed, fixed
+        return passed, fixed, layouts
 
     def _bind(self, node, eqn, invals):
         binder = BINDERS.get(eqn.primitive.name)
@@ -462,12 +482,19 @@ def _guarded_body(
     mode: str = "gradient",
     nested: bool = True,
     at_call_site: bool = False,
+    layouts: Sequence[Any] = (),
 ):
-    """A function (*args, *passed_masks) -> outputs evaluating ``sub`` guarded."""
+    """A function (*args, *passed_masks) -> outputs evaluating ``sub`` guarded;
+    a passed mask with a layout (see :meth:`Scope.output_masks_for`) is the
+    source of a broadcast, rebuilt here."""
 
     def body(*args_and_masks):
         args = args_and_masks[:n_args]
-        passed = iter(args_and_masks[n_args:])
+        given = list(args_and_masks[n_args:])
+        for k, layout in enumerate(layouts):
+            if layout is not None:
+                given[k] = lax_broadcast_in_dim(given[k], *layout)
+        passed = iter(given)
         out_masks = [next(passed) if f is None else f for f in fixed]
         return run_guarded(
             sub, consts, args, out_masks, mode=mode, nested=nested, at_call_site=at_call_site
@@ -485,7 +512,7 @@ def _guarded_call(scope: Scope, node, eqn, n_invals):
     """The guarded body of call ``node`` as a function of (inputs, passed
     output masks), and the masks to pass."""
     sub = scope.analysis.subs[(node, 0)]
-    passed, fixed = scope.output_masks_for(node, sub)
+    passed, fixed, layouts = scope.output_masks_for(node, sub, compact=True)
     nested = scope.body_nested(node)
     name = eqn.primitive.name
     # a jit that binding here would inline: call its guarded body directly
@@ -493,11 +520,13 @@ def _guarded_call(scope: Scope, node, eqn, n_invals):
     inline_here = (
         name == "jit" and jit_inlined_while_tracing(eqn.params) and inline_jits_inline_here()
     )
-    key = (node, tuple(f is None for f in fixed), scope.mode, nested, inline_here)
+    key = (node, tuple(f is None for f in fixed), tuple(layouts), scope.mode, nested, inline_here)
     fn = scope.plan.callables.get(key)
     if fn is None:
         body, consts = body_of(eqn)
-        inner = _guarded_body(sub, consts, n_invals, fixed, scope.mode, nested, inline_here)
+        inner = _guarded_body(
+            sub, consts, n_invals, fixed, scope.mode, nested, inline_here, layouts
+        )
         if inline_here:
             fn = inner
         elif name == "remat2":
@@ -526,7 +555,9 @@ def _run_body(sub, consts):
 def _bind_cond(scope: Scope, node, eqn, invals):
     branches = eqn.params["branches"]
     index, *ops = invals
-    passed, fixed = scope.output_masks_for(node, scope.analysis.subs[(node, 0)])
+    passed, fixed, layouts = scope.output_masks_for(
+        node, scope.analysis.subs[(node, 0)], compact=True
+    )
     fns = []
     for k, br in enumerate(branches):
         body, consts = open_jaxpr(br)
@@ -538,6 +569,7 @@ def _bind_cond(scope: Scope, node, eqn, invals):
                 fixed,
                 scope.mode,
                 scope.body_nested(node),
+                layouts=layouts,
             )
         )
     return list(lax.switch(index, fns, *ops, *passed))
@@ -572,7 +604,8 @@ def _bind_scan(scope: Scope, node, eqn, invals):
         invals[nconsts + ncarry :],
     )
     sub = scope.analysis.subs[(node, 0)]
-    passed, fixed = scope.output_masks_for(node, sub)  # masks of the stacked ys
+    # masks of the stacked ys, whole: scan slices them along the leading axis
+    passed, fixed, _ = scope.output_masks_for(node, sub)
 
     def body(carry, x_and_masks):
         x, masks = x_and_masks

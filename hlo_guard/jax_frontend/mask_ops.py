@@ -98,6 +98,19 @@ def broadcast_source(mask):
     return _as_broadcast(mask)
 
 
+def _same_broadcast(a, b) -> bool:
+    """Whether ``a`` and ``b`` are broadcasts of one source along the same
+    axes (sources compared by identity: a traced ``==`` is an array)."""
+    fa, fb = _BROADCASTS.of(a), _BROADCASTS.of(b)
+    return (
+        fa is not None
+        and fb is not None
+        and fa[0] is fb[0]
+        and fa[1] == fb[1]
+        and np.shape(a) == np.shape(b)
+    )
+
+
 def _within(a, b) -> bool:
     """Whether ``a`` is known to lie within ``b`` (``a | b == b``)."""
     bound = _WITHIN.of(a)
@@ -175,6 +188,8 @@ class _LaxOps:
     @staticmethod
     def _bitwise(op, a, b):
         if a is b:  # and/or of a mask with itself
+            return a
+        if _same_broadcast(a, b):  # two broadcasts of one source, same axes
             return a
         a, b = _LaxOps._pair(a, b)
         shape = tuple(np.shape(a))
