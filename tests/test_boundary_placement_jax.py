@@ -388,6 +388,43 @@ def test_a_live_row_with_an_inf_stays_a_genuine_singularity():
     assert not np.isfinite(np.asarray(jax.grad(guard(f))(W, d))).all()
 
 
+def _contraction_mask_args(fn, *args):
+    """Per guarded contraction in ``guard(fn)``'s jaxpr: how many masks it
+    carries (its custom_jvp call's operands beyond the contraction's two)."""
+    jaxpr = jax.make_jaxpr(guard(fn))(*args).jaxpr
+    return [
+        len(e.invars) - 2
+        for e in jaxpr.eqns
+        if e.primitive.name == "custom_jvp_call"
+        and any(q.primitive.name == "dot_general" for q in e.params["call_jaxpr"].jaxpr.eqns)
+    ]
+
+
+def test_weights_whose_lanes_live_or_die_together_are_not_zeroed():
+    """Under a row mask every lane of ``w`` is live as soon as one row is
+    (its mask is one bit): zeroing ``w``'s dead lanes protects nothing, since
+    when ``w`` is dead so is every output lane and every row of ``h``.  Only
+    ``h`` carries a mask into the contraction; the gradients still equal the
+    hand double where's, with a padded row's inf in ``h``."""
+    assert _contraction_mask_args(padded_rows, W, D) == [1]
+    for transform in (jax.grad, jax.jacfwd, jax.hessian):
+        got = transform(guard(padded_rows))(W, D)
+        np.testing.assert_allclose(got, transform(padded_rows_oracle)(W, D), rtol=1e-6)
+
+
+@pytest.mark.parametrize("w_inf", [False, True])
+def test_every_row_dead_gives_exact_zero_gradients(w_inf):
+    """The one-bit case at its edge: no row is live, ``h`` is inf in every
+    row, and (second case) ``w`` holds an inf too.  Every derivative is a
+    structural zero (the per-lane ``if`` never evaluates a row)."""
+    d = jnp.zeros(3)
+    w = W.at[0, 1].set(jnp.inf) if w_inf else W
+    for argnums in (0, 1):
+        got = jax.grad(guard(padded_rows), argnums=argnums)(w, d)
+        np.testing.assert_array_equal(got, np.zeros_like(got))
+    np.testing.assert_array_equal(jax.jacfwd(guard(padded_rows))(w, d), np.zeros(w.shape))
+
+
 def l2_normalize(x):
     """QK-norm as written in the wild: ``jnp.sum(..., keepdims=True)`` is a
     ``reduce_sum`` followed by a ``broadcast_in_dim`` that only inserts a

@@ -51,6 +51,7 @@ from hlo_guard.jax_frontend.guarded_binding import (
 from hlo_guard.jax_frontend.mask_ops import (
     ALGEBRA,
     broadcast_source,
+    is_one_bit,
     lax_broadcast_in_dim,
     to_guard_mask,
 )
@@ -324,9 +325,20 @@ class Scope:
     def contraction_masks(self, node: int, eqn) -> dict[int, Any]:
         """The use masks of a partly dead contraction's operands (operands
         fully live are left out; a site whose mask needs an effectful value
-        is skipped and reported), for :func:`bind_with_contraction_guards`."""
+        is skipped and reported), for :func:`bind_with_contraction_guards`.
+
+        A ``dot_general`` operand whose lanes are all live or all dead
+        together (its mask one bit broadcast: the weights under a row mask)
+        is left out too.  Zeroing an operand's dead lanes protects the
+        *other* operand's live lanes from their values; every output lane
+        reads some lanes of each operand, so when this operand is dead in
+        every lane, so is every output lane and every lane of the other
+        operand -- there is nothing live to protect.  (Not so for a
+        convolution: with padding, an output lane may read none of the
+        input.)"""
         if node not in self.plan.guarded_contractions:
             return {}
+        one_bit_free = eqn.primitive.name == "dot_general"
         found: dict[int, Any] = {}
         for i, v in enumerate(eqn.invars):
             if isinstance(v, Literal) or not is_inexact_aval(v.aval):
@@ -341,6 +353,8 @@ class Scope:
                     mask = self.resolver.node_input_masks(node)[i]
             except ShadowUnavailable as exc:
                 self.record.skip(node, i, str(exc))
+                continue
+            if one_bit_free and is_one_bit(mask):
                 continue
             if mask is NONE:
                 mask = np.zeros(tuple(v.aval.shape), bool)

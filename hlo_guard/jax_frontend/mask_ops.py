@@ -98,6 +98,16 @@ def broadcast_source(mask):
     return _as_broadcast(mask)
 
 
+def is_one_bit(mask) -> bool:
+    """Whether every lane of ``mask`` has one value: ALL, NONE, or a traced
+    broadcast of a scalar (``any`` of a row mask, spread over a weight)."""
+    if mask is ALL or mask is NONE:
+        return True
+    if not isinstance(mask, jax.core.Tracer):
+        return False
+    return np.ndim(_as_broadcast(mask)[0]) == 0
+
+
 def _same_broadcast(a, b) -> bool:
     """Whether ``a`` and ``b`` are broadcasts of one source along the same
     axes (sources compared by identity: a traced ``==`` is an array)."""
