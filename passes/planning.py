@@ -104,6 +104,13 @@ class Placement:
     #: per use: the symbolic name of its mask; guards on uses of one value
     #: with one key may share one select (:func:`_mask_keys`)
     mask_keys: dict = field(default_factory=dict)
+    #: the guarded-or-not uses whose only reverse hazard is their own op's
+    #: rule: no unguarded hazard lies beyond the op's outputs (their dead
+    #: lanes' cotangents arrive as exact zeros) and the use is no forward
+    #: exit.  A front end may drop such a guard where the op itself makes it
+    #: redundant (a contraction operand whose lanes live or die together, its
+    #: partner zeroed: JAX's ``Scope._contraction_covers``).
+    own_hazard_only: set = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,7 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     keys = ctx.keys if ctx.keys is not None else _mask_keys(analysis, None, nested_keys)
     h_use: dict[tuple[int, int], bool] = {}
     guarded: set[tuple[int, int]] = set()
+    own_hazard_only: set[tuple[int, int]] = set()
 
     def partly_dead(u) -> bool:
         lv = analysis.use(*u)
@@ -222,11 +230,13 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
             else:
                 hazard = rule is None or (rule.guards_input(analysis, node, i) and not exit_)
                 h_use[(node, i)] = h_out or hazard
+                if hazard and not h_out and not exit_:
+                    own_hazard_only.add((node, i))
     input_hazards = [
         decide(v, not ctx.transparent) if v is not None and _hashable(v) else False
         for v in input_list
     ]
-    return Placement(h_use, guarded, input_hazards, keys["uses"])
+    return Placement(h_use, guarded, input_hazards, keys["uses"], own_hazard_only)
 
 
 _LIVE_KEY = "live"

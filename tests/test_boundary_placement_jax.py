@@ -425,6 +425,55 @@ def test_every_row_dead_gives_exact_zero_gradients(w_inf):
     np.testing.assert_array_equal(jax.jacfwd(guard(padded_rows))(w, d), np.zeros(w.shape))
 
 
+def _guards_on_first_argument(fn, *args):
+    """How many guard selects ``guard(fn)`` puts on its first argument (each
+    reads ``stop_gradient`` of it)."""
+    jaxpr = jax.make_jaxpr(guard(fn))(*args).jaxpr
+    first = jaxpr.invars[0]
+    return sum(
+        1 for e in jaxpr.eqns if e.primitive.name == "stop_gradient" and e.invars[0] is first
+    )
+
+
+def test_a_one_bit_weight_needs_no_boundary_guard_when_its_partner_is_zeroed():
+    """``w``'s lanes live or die together (every row reads all of it): while
+    one row is live its guard is the identity, and when none is, ``h`` is
+    zeroed in every row by the contraction and ``w``'s cotangent is
+    ``0^T . 0``.  So ``w`` gets no select at all; the gradients stay the
+    double where's, and exact zeros when every row is dead -- with infs in
+    ``h`` and in ``w``, and an inf tangent for ``w`` in forward mode."""
+    assert _guards_on_first_argument(padded_rows, W, D) == 0
+    for transform in (jax.grad, jax.jacfwd, jax.hessian):
+        got = transform(guard(padded_rows))(W, D)
+        np.testing.assert_allclose(got, transform(padded_rows_oracle)(W, D), rtol=1e-6)
+    dead = jnp.zeros(3)
+    w_inf = W.at[0, 1].set(jnp.inf)
+    np.testing.assert_array_equal(
+        jax.hessian(guard(padded_rows))(w_inf, dead), np.zeros((3, 2, 3, 2))
+    )
+    _, t = jax.jvp(lambda w: guard(padded_rows)(w, dead), (W,), (jnp.full(W.shape, jnp.inf),))
+    assert t == 0.0
+
+
+def test_two_one_bit_operands_keep_their_guards():
+    """Under a scalar predicate both operands of the contraction are one bit:
+    neither is zeroed, so neither guard is redundant -- with the flag false
+    and infs in both, every derivative is still an exact zero."""
+
+    def f(w, d, flag):
+        h = (1.0 / d)[:, None] * jnp.ones((1, 3))
+        return jnp.sum(jnp.where(flag, h @ w, 0.0))
+
+    w_inf = W.at[1, 0].set(jnp.inf)
+    off = jnp.array(False)
+    assert _guards_on_first_argument(f, W, D, off) == 1
+    for argnums in (0, 1):
+        got = jax.grad(guard(f), argnums=argnums)(w_inf, D, off)
+        np.testing.assert_array_equal(got, np.zeros_like(got))
+    got = jax.jacfwd(guard(f))(w_inf, D, off)
+    np.testing.assert_array_equal(got, np.zeros_like(got))
+
+
 def l2_normalize(x):
     """QK-norm as written in the wild: ``jnp.sum(..., keepdims=True)`` is a
     ``reduce_sum`` followed by a ``broadcast_in_dim`` that only inserts a

@@ -63,7 +63,7 @@ from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, OutputGuardSite, guard_sharing_key
+from passes.planning import GuardSite, OutputGuardSite, guard_sharing_key, placement_of
 from passes.rules import BroadcastOperandRule, implements
 
 # -- evaluation ----------------------------------------------------------------
@@ -247,11 +247,49 @@ class Scope:
         atom = self.graph.eqns[node].invars[site.index]
         if self.mode == "value" or isinstance(atom, Literal):
             return self.guard(node, site, x)
+        if self._contraction_covers(node, site):
+            return x
         key = (atom, guard_sharing_key(self.analysis, node, site.index))
         found = self._shared_guards.get(key)
         if found is None:
             found = self._shared_guards[key] = self.guard(node, site, x)
         return found
+
+    def _contraction_covers(self, node: int, site: GuardSite) -> bool:
+        """Whether the guarded contraction ``node`` makes this use's boundary
+        guard redundant: a ``dot_general`` operand whose lanes live or die
+        together (a one-bit mask: the weights under a row mask), whose only
+        hazard is the contraction's own rule (no unguarded hazard beyond its
+        output: ``Placement.own_hazard_only``), and whose partner operand the
+        contraction zeroes in its dead lanes (or which is live in every lane).
+
+        While the bit is true the guard is the identity.  When it is false,
+        every output lane is dead and so is every lane of the partner.
+        Reverse mode: this operand's cotangent is ``partner_m^T . ct``, with
+        the partner zeroed and the output's dead cotangents exact zeros: 0.
+        Forward mode: its tangent term ``partner_m . dx`` is 0 unless ``dx``
+        is non-finite, and then only in output lanes that are all dead --
+        the selections that make them dead discard it, and a forward exit on
+        the way (``max``/``min``) is guarded because a ``dot_general``'s own
+        tangent already counts as possibly non-finite.  Higher orders
+        differentiate these selects into selects."""
+        if self.mode != "gradient" or site.statically_dead:
+            return False
+        eqn = self.graph.eqns[node]
+        if eqn.primitive.name != "dot_general" or node not in self.plan.guarded_contractions:
+            return False
+        if (node, site.index) not in placement_of(self.analysis).own_hazard_only:
+            return False
+        try:
+            mask = self.resolver.use_mask(node, site.index)
+        except ShadowUnavailable:
+            return False  # guard() reports it
+        if mask is ALL or mask is NONE or not is_one_bit(mask):
+            return False
+        partner = 1 - site.index
+        return self.analysis.use(node, partner).is_live or partner in self.contraction_masks(
+            node, eqn
+        )
 
     def _safe_point(self, node: int, site: GuardSite):
         """Value mode: the safe point for this site, or None if its dead lanes
