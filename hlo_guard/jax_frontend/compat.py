@@ -81,10 +81,9 @@ def _install_staging_rule() -> bool:
         return False
 
     def staging_rule(trace, source_info, *args, **params):
-        keep = getattr(_local, "traces", ())
         if (
             jit_inlines(params)
-            and any(trace is t for t in keep)
+            and _keeps_inline_jits(trace)
             and not any(isinstance(c, jcore.Ref) for c in params["jaxpr"].consts)
             and not any(getattr(v, "initial_qdd", None) for v in params["jaxpr"].jaxpr.invars)
         ):
@@ -114,6 +113,12 @@ def keep_inline_jits_of_current_trace():
         _local.traces = prev
 
 
+def _keeps_inline_jits(trace) -> bool:
+    """Whether ``trace`` is one of ours keeping its inline jits as calls
+    (:func:`keep_inline_jits_of_current_trace`)."""
+    return any(trace is t for t in getattr(_local, "traces", ()))
+
+
 def evaluating_eagerly() -> bool:
     """Whether operations bound now run at once (JAX's eval trace) rather
     than being staged or transformed."""
@@ -128,12 +133,8 @@ def inline_jits_inline_here() -> bool:
     jaxpr being traced (a plain jaxpr trace that is not one of ours keeping
     its inline jits as calls): then calling the function is the same as
     binding the jit, without tracing it to a jaxpr of its own first."""
-    if _RESTAGE is None:
-        return False
-    trace = _RESTAGE[0].trace
-    if type(trace) is not _RESTAGE[1]:
-        return False
-    return not any(trace is t for t in getattr(_local, "traces", ()))
+    trace = _plain_jaxpr_trace()
+    return trace is not None and not _keeps_inline_jits(trace)
 
 
 def attach_debug_info(flat_fn, fn, args, kwargs, static_argnums, static_argnames) -> bool:
@@ -213,6 +214,21 @@ def _restage_internals():
 _RESTAGE = _restage_internals()
 
 
+def _plain_jaxpr_trace():
+    """The trace bound to now if it is a plain jaxpr trace (not a JVP,
+    batching or eager evaluation, whose ``bind`` does more than stage an
+    equation), else None."""
+    if _RESTAGE is None:
+        return None
+    trace = _RESTAGE[0].trace
+    return trace if type(trace) is _RESTAGE[1] else None
+
+
+def _staged_in(x, trace) -> bool:
+    """Whether ``x`` is a tracer of the jaxpr trace ``trace``."""
+    return type(x) is _RESTAGE[2] and x._trace is trace
+
+
 def restage_available() -> bool:
     """Whether :func:`restage` can copy equations on the installed JAX."""
     return _RESTAGE is not None
@@ -234,11 +250,11 @@ def restage(eqn, invals, source=None, ctx=None):
     location is the one ``bind`` would record (the caller's ``eqn_context``),
     or ``source`` and ``ctx`` when the caller passes what that context would
     hold (then it need not enter it)."""
-    if _RESTAGE is None:
+    trace = _plain_jaxpr_trace()
+    if trace is None:
         return None
-    trace_ctx, trace_type, tracer_type, rules, current_source, literal = _RESTAGE
-    trace = trace_ctx.trace
-    if type(trace) is not trace_type or eqn.effects or eqn.primitive in rules:
+    _, _, tracer_type, rules, current_source, literal = _RESTAGE
+    if eqn.effects or eqn.primitive in rules:
         return None
     tracers = []
     for v, x in zip(eqn.invars, invals):
@@ -247,7 +263,7 @@ def restage(eqn, invals, source=None, ctx=None):
                 source = current_source()
             tracers.append(tracer_type(trace, v.aval, v, source))
             continue
-        if type(x) is not tracer_type or x._trace is not trace or x.aval != v.aval:
+        if not _staged_in(x, trace) or x.aval != v.aval:
             return None
         tracers.append(x)
     out_avals = [v.aval for v in eqn.outvars]
@@ -272,15 +288,12 @@ def emit(primitive, params: dict, invals, out_avals):
     is their operand's; :func:`restage`'s conditions apply: a plain jaxpr
     trace, every operand a tracer of it, a primitive without a staging rule
     of its own, no effects."""
-    if _RESTAGE is None:
+    trace = _plain_jaxpr_trace()
+    if trace is None:
         return None
-    trace_ctx, trace_type, tracer_type, rules, current_source, _ = _RESTAGE
-    trace = trace_ctx.trace
-    if type(trace) is not trace_type or primitive in rules:
+    _, _, _, rules, current_source, _ = _RESTAGE
+    if primitive in rules or not all(_staged_in(x, trace) for x in invals):
         return None
-    for x in invals:
-        if type(x) is not tracer_type or x._trace is not trace:
-            return None
     return trace.emit_eqn(
         list(invals), list(out_avals), primitive, params, frozenset(), current_source()
     )
