@@ -110,6 +110,9 @@ class Scope:
         self.children: dict[Any, Scope] = {}
         #: (variable, mask key) -> its guarded value (:meth:`shared_guard`)
         self._shared_guards: dict[Any, Any] = {}
+        #: node -> :meth:`contraction_masks` (asked by the guards of the
+        #: contraction's operands and again when it is bound)
+        self._contraction_masks: dict[int, dict[int, Any]] = {}
         self.plan = plan_of(analysis)
         self.record = self.plan.record
 
@@ -376,6 +379,12 @@ class Scope:
         input.)"""
         if node not in self.plan.guarded_contractions:
             return {}
+        found = self._contraction_masks.get(node)
+        if found is None:
+            found = self._contraction_masks[node] = self._contraction_operand_masks(node, eqn)
+        return found
+
+    def _contraction_operand_masks(self, node: int, eqn) -> dict[int, Any]:
         one_bit_free = eqn.primitive.name == "dot_general"
         found: dict[int, Any] = {}
         for i, v in enumerate(eqn.invars):

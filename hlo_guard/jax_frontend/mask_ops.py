@@ -92,12 +92,6 @@ def record_within(mask, source, dims):
     return _WITHIN.record(mask, source, dims)
 
 
-def broadcast_source(mask):
-    """``(source, dims)`` with ``mask == broadcast_in_dim(source, shape, dims)``
-    (a mask not known as a broadcast is its own source)."""
-    return _as_broadcast(mask)
-
-
 def is_one_bit(mask) -> bool:
     """Whether every lane of ``mask`` has one value: ALL, NONE, or a traced
     broadcast of a scalar (``any`` of a row mask, spread over a weight)."""
@@ -105,34 +99,32 @@ def is_one_bit(mask) -> bool:
         return True
     if not isinstance(mask, jax.core.Tracer):
         return False
-    return np.ndim(_as_broadcast(mask)[0]) == 0
+    return np.ndim(broadcast_source(mask)[0]) == 0
+
+
+def _broadcasts(b, shape, found) -> bool:
+    """Whether ``b`` of ``shape`` is the broadcast ``found`` = ``(source,
+    dims)`` (sources compared by identity: a traced ``==`` is an array)."""
+    if found is None or np.shape(b) != shape:
+        return False
+    source, dims = broadcast_source(b)
+    return source is found[0] and tuple(dims) == tuple(found[1])
 
 
 def _same_broadcast(a, b) -> bool:
-    """Whether ``a`` and ``b`` are broadcasts of one source along the same
-    axes (sources compared by identity: a traced ``==`` is an array)."""
-    fa, fb = _BROADCASTS.of(a), _BROADCASTS.of(b)
-    return (
-        fa is not None
-        and fb is not None
-        and fa[0] is fb[0]
-        and fa[1] == fb[1]
-        and np.shape(a) == np.shape(b)
-    )
+    """Whether ``a`` and ``b`` are broadcasts of one source along the same axes."""
+    return _broadcasts(b, np.shape(a), _BROADCASTS.of(a))
 
 
 def _within(a, b) -> bool:
     """Whether ``a`` is known to lie within ``b`` (``a | b == b``)."""
-    bound = _WITHIN.of(a)
-    if bound is None or np.shape(a) != np.shape(b):
-        return False
-    source, dims = _as_broadcast(b)
-    return source is bound[0] and tuple(dims) == tuple(bound[1])
+    return _broadcasts(b, np.shape(a), _WITHIN.of(a))
 
 
-def _as_broadcast(x):
-    """``(source, dims)`` for any traced mask (a plain array is the broadcast
-    of itself over no new axes)."""
+def broadcast_source(x):
+    """``(source, dims)`` with ``x == broadcast_in_dim(source, shape, dims)``
+    for any mask (one not known as a broadcast is its own source, over no
+    new axes)."""
     found = _BROADCASTS.of(x)
     if found is not None:
         return found
@@ -209,7 +201,7 @@ class _LaxOps:
             and shape == tuple(np.shape(b))
             and (_BROADCASTS.of(a) is not None or _BROADCASTS.of(b) is not None)
         ):
-            (sa, da), (sb, db) = _as_broadcast(a), _as_broadcast(b)
+            (sa, da), (sb, db) = broadcast_source(a), broadcast_source(b)
             union = tuple(sorted(set(da) | set(db)))
             if len(union) < len(shape):
                 small = op(_lift(sa, da, union, shape), _lift(sb, db, union, shape))
