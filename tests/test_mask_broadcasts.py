@@ -356,6 +356,29 @@ def test_cross_entropy_row_mask_needs_no_scatter():
     assert np.all(got[~np.asarray(rows)] == 0)
 
 
+def test_cross_entropy_singularity_on_a_live_row_stays():
+    """The row mask the gather's mask is folded into guards dead rows only:
+    ``sqrt'(0)`` in a live row (every lane of it feeds ``logsumexp``) is the
+    program's own and stays infinite, as in the hand double where."""
+    labels = jnp.array([0, 2, 1])
+    rows = jnp.array([True, False, True])
+    z = jnp.array([[1.0, 0.0, 0.5], [0.0, 0.0, 0.0], [3.0, 1.0, 2.0]])
+
+    def loss(z, rows):
+        return _cross_entropy(jnp.sqrt, z, labels, rows)
+
+    def loss_dw(z, rows):
+        return _cross_entropy(jnp.sqrt, jnp.where(rows[:, None], z, 1.0), labels, rows)
+
+    got = np.asarray(jax.grad(guard(loss))(z, rows))
+    want = np.asarray(jax.grad(loss_dw)(z, rows))
+    assert not np.isfinite(got[0, 1])
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_array_equal(got[1], np.zeros(3))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6)
+
+
 def test_a_gather_read_alone_keeps_its_lane_mask():
     """Only the gathered lane of a live row is live when nothing else reads
     the row: the unread lanes (sqrt'(0) = inf there) must stay guarded."""
