@@ -354,6 +354,13 @@ def _tf_hlo(h: dict[str, Any]) -> str:
     return " / ".join(f"{h[k]['instructions']} ({h[k]['opcodes'].get('dot', 0)})" for k in keys)
 
 
+def _new_values(kind: dict[str, Any]) -> str:
+    found = kind.get("new_values_ratio")
+    if not found:
+        return "n/a"
+    return f"{found['guarded_xla']:.1f} / {found['unguarded_xla']:.1f}"
+
+
 def tf_table(tf: dict[str, Any]) -> list[str]:
     lines = [
         "### TensorFlow (workloads 1 and 3), guarded XLA ÷ other",
@@ -362,7 +369,9 @@ def tf_table(tf: dict[str, Any]) -> list[str]:
         "`hlo_guard.tf.guard(loss)`; XLA = the same around the plain loss; dw XLA = the "
         "hand-written double-where under XLA; eager = plain loss and tape, no "
         "`tf.function`. First call = trace (+ guard rewrite) + XLA compile of a fresh "
-        "`tf.function`. Same paired-ratio convention as above.",
+        "`tf.function`. New values = a call with new input values of the same shapes ÷ "
+        "a repeated call, guarded / unguarded (about 1 when nothing is compiled again; "
+        "hundreds when XLA compiles per value). Same paired-ratio convention as above.",
         "",
     ]
     if tf.get("status") != "ok":
@@ -370,7 +379,7 @@ def tf_table(tf: dict[str, Any]) -> list[str]:
     rows = []
     for r in tf["rows"]:
         if r.get("status") == "pending":
-            rows.append([r["workload"], r["size"]] + [f"pending ({r['reason']})"] + [""] * 8)
+            rows.append([r["workload"], r["size"]] + [f"pending ({r['reason']})"] + [""] * 9)
             continue
         f, g = r["forward"]["ratio"], r["gradient"]["ratio"]
         rows.append(
@@ -384,6 +393,7 @@ def tf_table(tf: dict[str, Any]) -> list[str]:
                 _rq(g["double_where_xla"], TARGETS["run_dw"], DW_TOLERANCE),
                 _rq(g["eager"]),
                 f"{r['forward']['first_call_ratio']:.2f} / {r['gradient']['first_call_ratio']:.2f}",
+                _new_values(r["gradient"]),
                 str(r["check"]["nonfinite_lanes"]["unguarded_xla"])
                 + " / "
                 + str(r["check"]["nonfinite_lanes"]["eager"]),
@@ -401,6 +411,7 @@ def tf_table(tf: dict[str, Any]) -> list[str]:
             "grad ÷ dw XLA",
             "grad ÷ eager",
             "first call ÷ XLA (fwd / grad)",
+            "grad new values ÷ repeat (g / u)",
             "NaN lanes unguarded XLA / eager",
             "grad HLO instr (dots) g / u / dw",
         ],

@@ -273,6 +273,7 @@ def measure(
             {k: (fns[k], args) for k in TF_VARIANTS}, rounds=rounds, target_sample_s=target_sample_s
         )
         out[kind] = {
+            "new_values_ratio": _new_values_ratio(fns, spec, size),
             "time": samples.as_json(),
             "ratio": {
                 den: samples.ratio("guarded_xla", den)
@@ -283,6 +284,29 @@ def measure(
             / statistics.median(first["unguarded_xla"]),
             "hlo": hlo,
         }
+    return out
+
+
+def _new_values_ratio(fns, spec, size, calls: int = 3) -> dict[str, float]:
+    """Per compiled variant: a call with new input values (same shapes) ÷ a
+    repeated call.  About 1 unless XLA compiles again for every new value --
+    which TF does when a step's arguments end up folded into constants (a
+    nested function's gradient, see ``hlo_guard.tf.xla_gradient``); a
+    benchmark that repeats one input would never see it."""
+    out = {}
+    for k in ("guarded_xla", "unguarded_xla"):
+        f = fns[k]
+        f(*spec["inputs"](size, 0))
+        steady, fresh = [], []
+        for seed in range(1, calls + 1):
+            args = spec["inputs"](size, seed)
+            t0 = time.perf_counter()
+            f(*args)
+            fresh.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            f(*args)
+            steady.append(time.perf_counter() - t0)
+        out[k] = statistics.median(fresh) / statistics.median(steady)
     return out
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.tf import compat
+from hlo_guard.tf import compat, xla_gradient
 from hlo_guard.tf.dumps import TFDumps, guard_compiler_ir
 from hlo_guard.tf.records import BuildRecord
 from hlo_guard.tf.report import TFReport, build_report
@@ -96,7 +96,10 @@ class GuardedTFFunction:
                 out.append(t)
         return out
 
-    def _build(self, args, kwargs):
+    def _build(self, args, kwargs, keep_record: bool = True):
+        """The guarded program in the current graph.  ``keep_record=False``:
+        a second build of a trace (the recomputing gradient of
+        :mod:`hlo_guard.tf.xla_gradient`), whose record is not the call's."""
         traced = trace(self.original, args, kwargs)
         concrete = traced.concrete
         reason = unsupported_reason(traced)
@@ -104,8 +107,9 @@ class GuardedTFFunction:
             # conservative: the user's own program, traced in place, unguarded
             graph = tf.compat.v1.get_default_graph()
             record = BuildRecord(None, None, fallback=reason)
-            self._records[graph.name] = record
-            self.last_record = record
+            if keep_record:
+                self._records[graph.name] = record
+                self.last_record = record
             return self._unguarded(*args, **kwargs)
         for var in concrete.variables:
             # the imported graph reads the variable through a captured handle;
@@ -118,13 +122,30 @@ class GuardedTFFunction:
                 f"{len(traced.arg_names)} inputs of the traced function"
             )
         outputs, record = build_guarded(traced, flat_args)
-        graph = tf.compat.v1.get_default_graph()
-        self._records[graph.name] = record
-        self.last_record = record
+        if keep_record:
+            graph = tf.compat.v1.get_default_graph()
+            self._records[graph.name] = record
+            self.last_record = record
         return _pack_outputs(concrete.structured_outputs, outputs)
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *args, **kwargs):
+        leaves = tf.nest.flatten((args, kwargs), expand_composites=True)
+        if xla_gradient.wanted(leaves):
+            # the wrapper's own trace first: the user's function is traced
+            # inside it, where its variable reads are reported to the tapes
+            self.wrapper.get_concrete_function(*args, **kwargs)
+            traced = trace(self.original, args, kwargs)
+            if xla_gradient.recomputable(traced.graph_def):
+                # under XLA a nested function's own gradient recompiles for
+                # every new input value (see the module)
+                return xla_gradient.call_with_recomputed_gradient(
+                    self.wrapper,
+                    lambda a, k: self._build(a, k, keep_record=False),
+                    traced.concrete.variables,
+                    args,
+                    kwargs,
+                )
         return self.wrapper(*args, **kwargs)
 
     def __get__(self, obj, objtype=None):

@@ -121,3 +121,31 @@ def keras_tensorflow_trainer():
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
     return TensorFlowTrainer
+
+
+def in_xla_context() -> bool:
+    """Whether the graph being built is compiled by XLA: traced inside
+    ``tf.function(jit_compile=True)`` (or nested in one).  TF marks that with
+    an XLA control-flow context, which it reads itself through this private
+    helper (``tf.while_loop`` uses it to pick its XLA form)."""
+    from tensorflow.python.ops import control_flow_util
+
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def tape_may_record() -> bool:
+    """Whether a ``GradientTape`` or ``ForwardAccumulator`` is active that may
+    record the next operation (TF's own check before recording one)."""
+    from tensorflow.python.eager import record
+
+    return bool(record.could_possibly_record())
+
+
+def op_type_is_stateful(op_type: str) -> bool:
+    """Whether TF registers ``op_type`` as stateful (unknown types count as
+    stateful).  The op registry is how TF itself answers this for a node of a
+    GraphDef, which has no ``tf.Operation`` to ask."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(op_type)
+    return True if op_def is None else bool(op_def.is_stateful)

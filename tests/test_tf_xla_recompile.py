@@ -1,0 +1,192 @@
+"""A guarded gradient inside ``tf.function(jit_compile=True)`` is compiled once.
+
+TF's own gradient of a nested function call passes the integer constants its
+backward function needs (a gather's axis, a concat's axis, a transpose's
+permutation) as outputs of the forward function; inside one XLA program TF
+can then only get them by folding the step's *arguments* into constants, and
+it compiles again for every new input value.  The guard's call avoids that
+(:mod:`hlo_guard.tf.xla_gradient`).  The HLO of such a step takes its
+arguments as parameters; before the fix its entry computation had none.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hlo_guard.tf as hg
+from hlo_guard.tf import xla_gradient
+
+
+def _safe_sqrt(v):
+    return tf.where(v > 0, tf.sqrt(v), 0.0)
+
+
+def _safe_sqrt_dw(v):
+    pos = v > 0
+    return tf.where(pos, tf.sqrt(tf.where(pos, v, 1.0)), 0.0)
+
+
+def _programs(sqrt):
+    idx = tf.constant([2, 0, 1, 2, 0, 1, 1, 0], tf.int32)
+    return {
+        "gather_batch_dims": lambda x: sqrt(tf.gather(x, idx[: x.shape[0]], axis=1, batch_dims=1)),
+        "gather": lambda x: sqrt(tf.gather(x, [0, 2], axis=1)),
+        "concat": lambda x: sqrt(tf.concat([x, 2.0 * x], axis=1)),
+        "transpose": lambda x: sqrt(tf.transpose(x) * 1.5),
+        "pad": lambda x: sqrt(tf.pad(x, [[1, 1], [0, 0]])),
+        "tile": lambda x: sqrt(tf.tile(x, [2, 1])),
+        "reduce_max": lambda x: sqrt(tf.reduce_max(x, axis=1)),
+    }
+
+
+GUARDED = _programs(_safe_sqrt)
+ORACLE = _programs(_safe_sqrt_dw)
+
+
+def _step(fn):
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.reduce_sum(fn(x))
+        return tape.gradient(y, x)
+
+    return step
+
+
+def _entry_takes_x(hlo: str) -> bool:
+    """Whether the entry computation reads the [8, 3] argument as a parameter
+    (folded into a constant, it is compiled in: once per value)."""
+    entry = hlo[hlo.index("\nENTRY") :]
+    body = entry[: entry.index("\n}")]
+    return any(" parameter(" in line and "f32[8,3]" in line for line in body.splitlines())
+
+
+def _inputs(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    x[0, 0] = 0.0  # sqrt'(0) behind the where
+    return tf.constant(x)
+
+
+@pytest.mark.parametrize("name", sorted(GUARDED))
+def test_step_takes_its_arguments_as_parameters(name):
+    step = _step(hg.guard(GUARDED[name]))
+    hlo = step.experimental_get_compiler_ir(_inputs(0))(stage="hlo")
+    assert _entry_takes_x(hlo), hlo[hlo.index("\nENTRY") :][:400]
+
+
+@pytest.mark.parametrize("name", sorted(GUARDED))
+def test_new_input_values_give_the_double_where_gradient(name):
+    step = _step(hg.guard(GUARDED[name]))
+    oracle = _step(ORACLE[name])
+    for seed in range(3):
+        x = _inputs(seed)
+        got, want = step(x).numpy(), oracle(x).numpy()
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_second_derivative_and_variables_through_the_recomputed_gradient():
+    """Nested tapes differentiate the recomputing backward function; a
+    variable read by the program gets its gradient (IndexedSlices densified)."""
+    table = tf.Variable(np.linspace(-1.0, 2.0, 12, dtype=np.float32).reshape(4, 3))
+    guarded = hg.guard(lambda i: _safe_sqrt(tf.gather(table, i)) ** 3)
+
+    @tf.function(jit_compile=True)
+    def hvp(i):
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                y = tf.reduce_sum(guarded(i))
+            g = tf.convert_to_tensor(inner.gradient(y, table))
+            z = tf.reduce_sum(g)
+        return g, tf.convert_to_tensor(outer.gradient(z, table))
+
+    i = tf.constant([0, 2, 2, 3], tf.int32)
+    g, h = hvp(i)
+    v = table.numpy()
+    counts = np.bincount(i.numpy(), minlength=4)[:, None]
+    pos = v > 0
+    # d/dv sqrt(v)^3 = 1.5 sqrt(v); d2 = 0.75 / sqrt(v); 0 where v <= 0
+    want_g = np.where(pos, 1.5 * np.sqrt(np.where(pos, v, 1.0)), 0.0) * counts
+    want_h = np.where(pos, 0.75 / np.sqrt(np.where(pos, v, 1.0)), 0.0) * counts
+    np.testing.assert_allclose(g.numpy(), want_g, rtol=1e-5)
+    np.testing.assert_allclose(h.numpy(), want_h, rtol=1e-5)
+
+
+def test_forward_mode_through_the_recomputed_gradient():
+    guarded = hg.guard(GUARDED["concat"])
+
+    @tf.function(jit_compile=True)
+    def jvp(x, t):
+        with tf.autodiff.ForwardAccumulator(x, t) as acc:
+            y = guarded(x)
+        return acc.jvp(y)
+
+    @tf.function(jit_compile=True)
+    def jvp_oracle(x, t):
+        with tf.autodiff.ForwardAccumulator(x, t) as acc:
+            y = ORACLE["concat"](x)
+        return acc.jvp(y)
+
+    x = _inputs(1)
+    t = tf.ones_like(x)
+    got = jvp(x, t).numpy()
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, jvp_oracle(x, t).numpy(), rtol=1e-6)
+
+
+def test_structured_outputs_keep_their_structure():
+    guarded = hg.guard(lambda x: {"y": _safe_sqrt(tf.concat([x, x], 1)), "n": None})
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = guarded(x)
+            y = tf.reduce_sum(out["y"])
+        assert out["n"] is None
+        return tape.gradient(y, x)
+
+    x = _inputs(2)
+    want = 2 * np.where(x.numpy() > 0, 0.5 / np.sqrt(np.abs(x.numpy()) + (x.numpy() <= 0)), 0.0)
+    np.testing.assert_allclose(step(x).numpy(), want, rtol=1e-6)
+
+
+def _graph_def(fn, *specs):
+    return tf.function(fn).get_concrete_function(*specs).graph.as_graph_def()
+
+
+def test_only_programs_that_can_run_twice_are_recomputed():
+    spec = tf.TensorSpec([4], tf.float32)
+    assert xla_gradient.recomputable(_graph_def(lambda x: tf.sqrt(tf.concat([x, x], 0)), spec))
+    # a random draw must happen once: its program keeps the wrapper's gradient
+    assert not xla_gradient.recomputable(_graph_def(lambda x: x * tf.random.uniform([4]), spec))
+    v = tf.Variable(tf.zeros([4]))
+    assert xla_gradient.recomputable(_graph_def(lambda x: x * v, spec))
+    assert not xla_gradient.recomputable(_graph_def(lambda x: v.assign_add(x), spec))
+
+    def loop(x):
+        return tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, tf.sqrt(y)), (0, x))[1]
+
+    assert not xla_gradient.recomputable(_graph_def(loop, spec))
+
+
+def test_stateful_program_keeps_the_wrapper_gradient_and_is_right():
+    """A random draw inside the guarded program: the gradient must use the
+    draw the forward pass made, not a second one."""
+    guarded = hg.guard(lambda x: _safe_sqrt(x) * tf.random.uniform(tf.shape(x), 1.0, 2.0))
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = guarded(x)
+            total = tf.reduce_sum(y)
+        return y, tape.gradient(total, x)
+
+    x = tf.constant([4.0, 0.0, -1.0, 9.0])
+    y, g = step(x)
+    scale = y.numpy()[[0, 3]] / np.sqrt([4.0, 9.0])
+    np.testing.assert_allclose(g.numpy()[[0, 3]], scale * 0.5 / np.sqrt([4.0, 9.0]), rtol=1e-6)
+    np.testing.assert_array_equal(g.numpy()[[1, 2]], [0.0, 0.0])
