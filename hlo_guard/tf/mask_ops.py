@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from hlo_guard.tf import mask_broadcasts as mb
 from passes.masks import ALL, NONE, MaskAlgebra
 
 
@@ -44,9 +45,22 @@ def normalize(m):
     return m
 
 
+def _lane_op(fn, a, b):
+    """``fn`` (``tf.logical_or``/``tf.logical_and``) of two masks, on their
+    sources when either is a recorded broadcast (:mod:`mask_broadcasts`)."""
+    if mb.same_broadcast(a, b):
+        return a
+    found = mb.combine(fn, a, b)
+    return fn(a, b) if found is None else found
+
+
 class TFMaskAlgebra(MaskAlgebra):
     def or_(self, a, b):
-        return tf.logical_or(a, b)
+        if mb.within(a, b):
+            return b
+        if mb.within(b, a):
+            return a
+        return _lane_op(tf.logical_or, a, b)
 
     def normalize(self, mask):
         return normalize(mask)
@@ -99,7 +113,9 @@ def broadcast_like(m, like):
         return m
     if same_static_shape(m, like):
         return m
-    return tf.broadcast_to(m, shape_of(like))
+    shape = mb.static_shape(like)
+    found = None if shape is None else mb.broadcast(m, shape)
+    return tf.broadcast_to(m, shape_of(like)) if found is None else found
 
 
 def and_(a, b):
@@ -109,7 +125,11 @@ def and_(a, b):
         return b
     if b is ALL:
         return a
-    return normalize(tf.logical_and(a, b))
+    if mb.within(a, b):
+        return a
+    if mb.within(b, a):
+        return b
+    return normalize(_lane_op(tf.logical_and, a, b))
 
 
 def not_(m):
@@ -117,6 +137,9 @@ def not_(m):
         return NONE
     if m is NONE:
         return ALL
+    if mb.is_recorded(m):
+        source, dims = mb.source_of(m)
+        return mb.emit(tf.logical_not(source), mb.static_shape(m), dims)
     return tf.logical_not(m)
 
 
@@ -127,6 +150,11 @@ def reduce_to(m, out, operand):
         return m
     if same_static_shape(out, operand):
         return m
+    out_shape, op_shape = mb.static_shape(out), mb.static_shape(operand)
+    if out_shape is not None and op_shape is not None:
+        found = mb.reduce_to(m, out_shape, op_shape)
+        if found is not None:
+            return normalize(found)
     s_op = shape_of(operand)
     s_out = shape_of(out)
     r_op, _ = tf.raw_ops.BroadcastGradientArgs(s0=s_op, s1=s_out)

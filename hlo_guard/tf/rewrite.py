@@ -35,6 +35,7 @@ from hlo_guard.tf import compat, output_guards, tangent_gaps
 from hlo_guard.tf.contractions import guarded_contractions, with_masked_gradient
 from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
+from hlo_guard.tf.mask_broadcasts import is_one_bit
 from hlo_guard.tf.mask_ops import ALGEBRA, StaticShape
 from hlo_guard.tf.opcopy import copy_op, is_stateful
 from hlo_guard.tf.records import AppliedGuard, BuildRecord
@@ -43,7 +44,7 @@ from hlo_guard.tf.tracing import TracedFunction
 from passes.analysis import Analysis, analyze
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, guard_sharing_key, plan_boundary_guards
+from passes.planning import GuardSite, guard_sharing_key, placement_of, plan_boundary_guards
 from passes.rules import BroadcastOperandRule, MaskRule, implements
 from passes.side_evaluation import evaluate_on_side
 
@@ -245,8 +246,11 @@ class Builder:
         #: (operand, mask key) -> its select: uses of one tensor whose masks
         #: the placement knows equal share one guard (``d * d``), as in JAX
         shared: dict[tuple[str, object], tf.Tensor] = {}
+        contraction_masks = {node: self._contraction_masks(node) for node in self.contractions}
         for site in self.sites:
             x = self.original_inputs[site.node][site.index]
+            if self._contraction_covers(site, contraction_masks):
+                continue
             with tf.name_scope("hlo_guard_guard"):
                 if site.statically_dead:
                     pending.append((site, tf.stop_gradient(x), "stop_gradient"))
@@ -267,7 +271,6 @@ class Builder:
                     guarded = tf.raw_ops.SelectV2(condition=mask, t=x, e=tf.stop_gradient(x))
                     shared[key] = guarded
                 pending.append((site, guarded, "select"))
-        contraction_masks = {node: self._contraction_masks(node) for node in self.contractions}
         by_node: dict[int, list] = {}
         for site, guarded, form in pending:
             by_node.setdefault(site.node, []).append((site.index, guarded))
@@ -302,7 +305,11 @@ class Builder:
             except ShadowUnavailable as exc:
                 self.record.skipped.append((GuardSite(node, i, lv), str(exc)))
                 continue
-            if mask is ALL:
+            if mask is ALL or (op.type == "MatMul" and is_one_bit(mask)):
+                # a MatMul operand whose lanes live or die together (the
+                # weights under a row mask) needs no zeroing: while live it
+                # is live in every lane, and when dead so is every output
+                # lane and every lane of the partner (docs/PLACEMENT.md)
                 continue
             with tf.name_scope("hlo_guard_guard"):
                 if mask is NONE:
@@ -312,6 +319,29 @@ class Builder:
             found[i] = mask
         self.record.contractions.append((op.name, sorted(found)))
         return found
+
+    def _contraction_covers(self, site: GuardSite, contraction_masks) -> bool:
+        """Whether the guarded ``MatMul`` at the site makes its boundary guard
+        redundant: an operand with a one-bit mask whose only hazard is the
+        product's own (``Placement.own_hazard_only``) and whose partner the
+        contraction zeroes in its dead lanes or is live in every lane -- the
+        JAX front end's ``Scope._contraction_covers``, whose docstring and
+        docs/PLACEMENT.md give the argument."""
+        node = site.node
+        if site.statically_dead or node not in contraction_masks:
+            return False
+        if self.graph.op(node).type != "MatMul" or site.index > 1:
+            return False
+        if (node, site.index) not in placement_of(self.analysis).own_hazard_only:
+            return False
+        try:
+            mask = self.resolver.use_mask(node, site.index)
+        except ShadowUnavailable:
+            return False  # the guard reports it
+        if mask is ALL or mask is NONE or not is_one_bit(mask):
+            return False
+        partner = 1 - site.index
+        return self.analysis.use(node, partner).is_live or partner in contraction_masks[node]
 
     def _guard_contraction(self, node: int, masks: dict[int, tf.Tensor]) -> None:
         """Swap the contraction at ``node`` (as guarded so far) for one whose

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import tensorflow as tf
 
 import passes.rules as passes_rules
 from hlo_guard.tf import compat
+from hlo_guard.tf import mask_broadcasts as mb
 from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, shape_of, to_float
 from hlo_guard.tf.opcopy import copy_op
@@ -261,6 +263,9 @@ def matmul_masks(mctx, op, out_masks) -> list:
         return [ALL if d else NONE for d in diff] + [NONE] * (n - 2)
     if op.type == "MatMul":
         swap_a, swap_b = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+        structured = _matmul_masks_of_broadcast(op, out, diff, swap_a, swap_b)
+        if structured is not None:
+            return structured + [NONE] * (n - 2)
         batched = False
     else:
         swap_a, swap_b = op.get_attr("adj_x"), op.get_attr("adj_y")
@@ -297,6 +302,24 @@ def matmul_masks(mctx, op, out_masks) -> list:
     return result
 
 
+def _matmul_masks_of_broadcast(op, out, diff, swap_a, swap_b) -> list | None:
+    """:func:`matmul_masks` of a rank-2 ``MatMul`` whose output mask is a
+    recorded broadcast, on its source: ``a``'s rows are ``any`` of the output
+    rows, ``b``'s columns ``any`` of its columns.  Under a row mask, ``b``'s
+    mask is a broadcast of one bit (:func:`mask_broadcasts.is_one_bit`).
+    None when a shape is unknown or the output mask is no broadcast."""
+    a_shape, b_shape = (mb.static_shape(t) for t in op.inputs[:2])
+    if a_shape is None or b_shape is None or not mb.is_recorded(out):
+        return None
+    # out axis 0 (rows) lands on a's axis 0 (1 when transposed); out axis 1
+    # (columns) on b's axis 1 (0 when transposed)
+    masks = [
+        mb.any_over(out, [1], a_shape, lambda ax: 1 if swap_a else 0),
+        mb.any_over(out, [0], b_shape, lambda ax: 0 if swap_b else 1),
+    ]
+    return [normalize(m) if d else NONE for m, d in zip(masks, diff)]
+
+
 class MatMul(Structural):
     """``MatMul``/``BatchMatMul*``: a reduce-and-broadcast, no contraction
     (:func:`matmul_masks`)."""
@@ -321,7 +344,12 @@ class ReshapeLike(Structural):
     def input_masks(self, mctx, node, op, out_masks):
         m = out_masks[0]
         masks = [NONE] * len(op.inputs)
-        masks[0] = m if is_sentinel(m) else tf.reshape(m, _shape_of(mctx, op.inputs[0]))
+        if is_sentinel(m):
+            masks[0] = m
+            return masks
+        shape = mb.static_shape(op.inputs[0])
+        found = None if shape is None else mb.reshape(m, shape)
+        masks[0] = tf.reshape(m, _shape_of(mctx, op.inputs[0])) if found is None else found
         return masks
 
     def forward(self, fa, node, ins):
@@ -330,6 +358,34 @@ class ReshapeLike(Structural):
     def forward_masks(self, mctx, node, op, in_masks):
         m = in_masks[0]
         return [m if is_sentinel(m) else tf.reshape(m, _shape_of(mctx, op.outputs[0]))]
+
+
+def _static_axes(mctx, op, rank: int) -> list[int] | None:
+    """A reduction's axes, non-negative, when known at trace time."""
+    axes = tf.get_static_value(mctx.value(op.inputs[1]))
+    if axes is None:
+        return None
+    return sorted({int(a) % rank for a in np.atleast_1d(axes)}) if rank else []
+
+
+def _summed_lanes(mctx, op, m):
+    """The summed operand's mask as a broadcast of the result's source
+    (:mod:`mask_broadcasts`): a row mask stays ``[B]`` however wide the rows
+    it sums; None when a shape or the axes are unknown."""
+    x_shape = mb.static_shape(op.inputs[0])
+    found = mb.source_of(m)
+    if x_shape is None or found is None:
+        return None
+    axes = _static_axes(mctx, op, len(x_shape))
+    if axes is None:
+        return None
+    source, dims = found
+    if op.get_attr("keep_dims"):
+        placed = list(dims)  # reduced axes are size 1 in the result: never in dims
+    else:
+        kept_axes = [a for a in range(len(x_shape)) if a not in axes]
+        placed = [kept_axes[k] for k in dims]
+    return mb.emit(source, x_shape, placed)
 
 
 class Summing(Structural):
@@ -346,6 +402,9 @@ class Summing(Structural):
         m = out_masks[0]
         if is_sentinel(m):
             return [m, NONE]
+        structured = _summed_lanes(mctx, op, m)
+        if structured is not None:
+            return [normalize(structured), NONE]
         x_shape = _shape_of(mctx, op.inputs[0])
         kept = compat.reduced_shape(x_shape, mctx.value(op.inputs[1]))
         return [normalize(tf.broadcast_to(tf.reshape(m, kept), x_shape)), NONE]
@@ -374,6 +433,24 @@ class Transpose(Structural):
     def forward_masks(self, mctx, node, op, in_masks):
         m = in_masks[0]
         return [m if is_sentinel(m) else tf.transpose(m, mctx.value(op.inputs[1]))]
+
+
+class BatchedGather(Structural):
+    """``GatherV2``, probed like every gather; with ``batch_dims`` (the
+    ``tf.gather(logits, labels, axis=1, batch_dims=1)`` of a cross-entropy) it
+    also records that the operand's mask lies within the rows its output mask
+    marks: an output lane of batch row ``b`` reads only operand lanes of row
+    ``b``.  The cross-entropy ORs that mask with the row mask ``logsumexp``
+    gives the same logits; knowing it lies within, the OR is the row mask and
+    the scatter is never used (:func:`mask_broadcasts.within`)."""
+
+    def input_masks(self, mctx, node, op, out_masks):
+        masks = super().input_masks(mctx, node, op, out_masks)
+        batch_dims = op.get_attr("batch_dims")
+        found = mb.source_of(out_masks[0])
+        if batch_dims > 0 and found is not None and all(ax < batch_dims for ax in found[1]):
+            mb.record_within(masks[0], *found)
+        return masks
 
 
 class Conservative(passes_rules.Conservative, TFRule):
@@ -538,9 +615,9 @@ def register(table):
         same,
     )
     table.register(
-        ["GatherV2", "Gather", "GatherNd", "StridedSlice", "Slice", "ResourceGather"],
-        Structural(_always),
+        ["Gather", "GatherNd", "StridedSlice", "Slice", "ResourceGather"], Structural(_always)
     )
+    table.register("GatherV2", BatchedGather(_always))
     table.register(["Pad", "ScatterNd", "MatrixDiag"], Structural(creates=True))
     table.register("PadV2", Structural(_padv2_drops))
     # segment reductions drop the lanes whose id is negative or >= num_segments
