@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import hlo_guard.tf as hg
 from hlo_guard.tf import xla_gradient
+from tests.test_tf_support import xla_grads
 
 
 def _safe_sqrt(v):
@@ -186,7 +187,47 @@ def test_stateful_program_keeps_the_wrapper_gradient_and_is_right():
         return y, tape.gradient(total, x)
 
     x = tf.constant([4.0, 0.0, -1.0, 9.0])
-    y, g = step(x)
+    with pytest.warns(UserWarning, match=r"stateful operation \('RandomUniform'.*every new input"):
+        y, g = step(x)
     scale = y.numpy()[[0, 3]] / np.sqrt([4.0, 9.0])
     np.testing.assert_allclose(g.numpy()[[0, 3]], scale * 0.5 / np.sqrt([4.0, 9.0]), rtol=1e-6)
     np.testing.assert_array_equal(g.numpy()[[1, 2]], [0.0, 0.0])
+
+
+def test_control_flow_and_variable_arguments_warn_and_stay_right():
+    loop = hg.guard(
+        lambda x: tf.while_loop(
+            lambda i, y: i < 2,
+            lambda i, y: (i + 1, _safe_sqrt(y) + 1.0),
+            (0, x),
+            maximum_iterations=2,
+        )[1]
+    )
+    x = tf.constant([4.0, 0.0, -1.0])
+    with pytest.warns(UserWarning, match="control flow"):
+        (g,) = xla_grads(loop, x)
+    s1 = np.sqrt(4.0)
+    np.testing.assert_allclose(g, [0.5 / np.sqrt(s1 + 1.0) * 0.5 / s1, 0.0, 0.0], rtol=1e-6)
+
+    v = tf.Variable([4.0, 0.0, 9.0])
+    by_arg = hg.guard(lambda w: _safe_sqrt(w))
+
+    @tf.function(jit_compile=True)
+    def step():
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(by_arg(v))
+        return tape.gradient(y, v)
+
+    with pytest.warns(UserWarning, match="tf.Variable argument"):
+        np.testing.assert_allclose(step().numpy(), [0.25, 0.0, 1.0 / 6.0], rtol=1e-6)
+
+
+def test_no_warning_outside_xla_or_without_a_tape():
+    import warnings
+
+    guarded = hg.guard(lambda x: _safe_sqrt(x) * tf.random.uniform(tf.shape(x)))
+    x = tf.constant([4.0, 0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tf.function(guarded, jit_compile=True)(x)  # no tape: nothing to differentiate
+        xla_grads(guarded, x, jit=False)  # no XLA: TF's gradient compiles nothing

@@ -130,13 +130,18 @@ class GuardedTFFunction:
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *args, **kwargs):
-        leaves = tf.nest.flatten((args, kwargs), expand_composites=True)
-        if xla_gradient.wanted(leaves):
+        if xla_gradient.wanted():
             # the wrapper's own trace first: the user's function is traced
             # inside it, where its variable reads are reported to the tapes
             self.wrapper.get_concrete_function(*args, **kwargs)
             traced = trace(self.original, args, kwargs)
-            if xla_gradient.recomputable(traced.graph_def):
+            leaves = tf.nest.flatten((args, kwargs), expand_composites=True)
+            reason = xla_gradient.variable_argument(leaves) or xla_gradient.why_not_recomputable(
+                traced.graph_def
+            )
+            if reason is not None:
+                xla_gradient.warn_compiled_per_value(self.__name__, reason)
+            else:
                 # under XLA a nested function's own gradient recompiles for
                 # every new input value (see the module)
                 return xla_gradient.call_with_recomputed_gradient(

@@ -32,6 +32,7 @@ rest keep the wrapper's own gradient, and with it TF's recompilation.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,25 +45,50 @@ from hlo_guard.tf.graph import is_inexact
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "VarHandleOp", "VariableShape"})
 
 
-def recomputable(graph_def) -> bool:
-    """Whether the traced program (nested calls inlined) may be imported and
-    run a second time: no functional control flow, nothing stateful but reads."""
+def why_not_recomputable(graph_def) -> str | None:
+    """Why the traced program (nested calls inlined) may not be imported and
+    run a second time, or None when it may: no functional control flow,
+    nothing stateful but reads."""
     if graph_def.library.function:
-        return False
-    return not any(
-        compat.op_type_is_stateful(node.op) and node.op not in _READS for node in graph_def.node
+        return "has functional control flow (tf.cond / tf.while_loop)"
+    for node in graph_def.node:
+        if compat.op_type_is_stateful(node.op) and node.op not in _READS:
+            return f"has a stateful operation ('{node.op}' '{node.name}') that must run once"
+    return None
+
+
+def recomputable(graph_def) -> bool:
+    return why_not_recomputable(graph_def) is None
+
+
+def warn_compiled_per_value(name: str, reason: str) -> None:
+    """Say that this call keeps TF's nested-function gradient under XLA, and
+    what that may cost: a silent recompilation per step is the kind of cost a
+    user otherwise finds only by profiling."""
+    warnings.warn(
+        f"hlo_guard.tf.guard({name}): inside tf.function(jit_compile=True) this call's "
+        f"gradient is TF's own nested-function gradient, because the program {reason}. "
+        "If the program has a gather, concat, transpose, pad, tile or max/min reduction, "
+        "XLA compiles the step again for every new input value; keep the stateful part "
+        "or the control flow outside the guarded function to avoid it.",
+        stacklevel=4,
     )
 
 
-def wanted(leaves: Sequence[Any]) -> bool:
+def wanted() -> bool:
     """Whether the call should take this path: traced in an XLA context with a
-    tape (or forward accumulator) that may record it, and no ``tf.Variable``
-    among the arguments (a variable argument keeps the wrapper's own gradient)."""
+    tape (or forward accumulator) that may record it."""
     if tf.executing_eagerly() or not compat.in_xla_context():
         return False
-    if not compat.tape_may_record():
-        return False
-    return not any(isinstance(t, tf.Variable) for t in leaves)
+    return compat.tape_may_record()
+
+
+def variable_argument(leaves: Sequence[Any]) -> str | None:
+    """A reason to keep the wrapper's gradient: a ``tf.Variable`` argument
+    (the wrapper reads it through its handle; this path passes tensors)."""
+    if any(isinstance(t, tf.Variable) for t in leaves):
+        return "takes a tf.Variable argument"
+    return None
 
 
 def call_with_recomputed_gradient(
