@@ -231,3 +231,32 @@ def test_no_warning_outside_xla_or_without_a_tape():
         warnings.simplefilter("error")
         tf.function(guarded, jit_compile=True)(x)  # no tape: nothing to differentiate
         xla_grads(guarded, x, jit=False)  # no XLA: TF's gradient compiles nothing
+
+
+def test_a_guarded_method_is_compiled_once_too():
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = tf.Variable(2.0)
+
+        @hg.guard(input_signature=[tf.TensorSpec([8, 3], tf.float32)])
+        def f(self, x):
+            return GUARDED["concat"](x) * self.scale
+
+    model = Model()
+
+    @tf.function(jit_compile=True)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.reduce_sum(model.f(x))
+        return tape.gradient(y, [x, model.scale])
+
+    hlo = step.experimental_get_compiler_ir(_inputs(0))(stage="hlo")
+    assert _entry_takes_x(hlo), hlo[hlo.index("\nENTRY") :][:400]
+    oracle = _step(lambda x: ORACLE["concat"](x) * 2.0)
+    for seed in range(2):
+        gx, gs = step(_inputs(seed))
+        np.testing.assert_allclose(gx.numpy(), oracle(_inputs(seed)).numpy(), rtol=1e-6)
+        want_s = tf.reduce_sum(ORACLE["concat"](_inputs(seed))).numpy()
+        np.testing.assert_allclose(gs.numpy(), want_s, rtol=1e-6)

@@ -158,9 +158,11 @@ class GuardedTFFunction:
 
         Like ``tf.function``'s own binding: one guard per instance (cached on
         it), built on the bound method, so that ``input_signature`` describes
-        the arguments after ``self``.  It is returned as its ``tf.function``
-        (``.hlo_guard`` is the guard), which is what ``tf.saved_model.save``
-        looks for on a ``tf.Module``.
+        the arguments after ``self``.  It is returned as a ``tf.function``
+        calling the guard (``.hlo_guard`` is the guard), which is what
+        ``tf.saved_model.save`` looks for on a ``tf.Module``; calling the
+        guard, not its wrapper, keeps the gradient of
+        :mod:`hlo_guard.tf.xla_gradient` under XLA.
         """
         if obj is None:
             return self
@@ -175,7 +177,7 @@ class GuardedTFFunction:
             guarded = GuardedTFFunction(
                 self.fn.__get__(obj, type(obj)), self.input_signature, self.has_aux
             )
-            bound = guarded.wrapper
+            bound = _calling(guarded)
             bound.hlo_guard = guarded
             cache[key] = bound  # plain dict entry: not tracked by tf.Module/Keras
         return bound
@@ -210,6 +212,16 @@ class GuardedTFFunction:
 
     def __repr__(self):
         return f"hlo_guard.tf.guard({getattr(self.python_function, '__qualname__', self.fn)!r})"
+
+
+def _calling(guarded: GuardedTFFunction):
+    """A ``tf.function`` (the guard's signature) that calls ``guarded``."""
+
+    def call(*args, **kwargs):
+        return guarded(*args, **kwargs)
+
+    _copy_signature(call, guarded.python_function)
+    return tf.function(call, input_signature=guarded.input_signature, autograph=False)
 
 
 def _copy_signature(target, source):
