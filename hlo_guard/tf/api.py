@@ -121,7 +121,9 @@ class GuardedTFFunction:
                 f"cannot match the {len(flat_args)} tensor argument(s) to the "
                 f"{len(traced.arg_names)} inputs of the traced function"
             )
-        outputs, record = build_guarded(traced, flat_args)
+        outputs, record = build_guarded(
+            traced, flat_args, localize_constants=_localizes(traced, args, kwargs)
+        )
         if keep_record:
             graph = tf.compat.v1.get_default_graph()
             self._records[graph.name] = record
@@ -140,7 +142,11 @@ class GuardedTFFunction:
                 traced.graph_def
             )
             if reason is not None:
-                xla_gradient.warn_compiled_per_value(self.__name__, reason)
+                # the wrapper's gradient, its constants built locally at the
+                # top level (hlo_guard.tf.local_constants); control-flow
+                # bodies are not localized
+                if traced.graph_def.library.function:
+                    xla_gradient.warn_compiled_per_value(self.__name__, reason)
             else:
                 # under XLA a nested function's own gradient recompiles for
                 # every new input value (see the module)
@@ -222,6 +228,21 @@ def _calling(guarded: GuardedTFFunction):
 
     _copy_signature(call, guarded.python_function)
     return tf.function(call, input_signature=guarded.input_signature, autograph=False)
+
+
+def _localizes(traced, args, kwargs) -> bool:
+    """Whether the guarded program builds its gradients' integer constants
+    itself (:mod:`hlo_guard.tf.local_constants`): when the XLA gradient cannot
+    run it twice (a stateful op, a variable argument), unless it has
+    functional control flow (whose bodies and TensorLists it leaves to TF;
+    the call warns under XLA instead)."""
+    if traced.graph_def.library.function:
+        return False
+    leaves = tf.nest.flatten((args, kwargs), expand_composites=True)
+    return (
+        xla_gradient.why_not_recomputable(traced.graph_def) is not None
+        or xla_gradient.variable_argument(leaves) is not None
+    )
 
 
 def _copy_signature(target, source):

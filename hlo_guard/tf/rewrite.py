@@ -31,7 +31,7 @@ from collections.abc import Set as AbstractSet
 
 import tensorflow as tf
 
-from hlo_guard.tf import compat, output_guards, tangent_gaps
+from hlo_guard.tf import compat, local_constants, output_guards, tangent_gaps
 from hlo_guard.tf.contractions import guarded_contractions, with_masked_gradient
 from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
@@ -433,12 +433,20 @@ def _guard_graph(
     return outputs, record
 
 
-def build_guarded(traced: TracedFunction, flat_args: Sequence[tf.Tensor]):
-    """Import, analyse, guard.  Returns (flat outputs, BuildRecord)."""
+def build_guarded(
+    traced: TracedFunction, flat_args: Sequence[tf.Tensor], localize_constants: bool = False
+):
+    """Import, analyse, guard.  Returns (flat outputs, BuildRecord).
+    ``localize_constants``: give the ops whose gradient reads an integer
+    constant a gradient that builds it itself (:mod:`hlo_guard.tf.local_constants`)."""
     ops, outputs, prefix = import_traced(traced, flat_args)
-    return _guard_graph(
+    outputs, record = _guard_graph(
         ops, outputs, traced.graph_def.library, traced.locations, traced.body_locations, prefix, 0
     )
+    if localize_constants:
+        replaced = local_constants.localize(ops)
+        outputs = [replaced.get(t.name, t) if isinstance(t, tf.Tensor) else t for t in outputs]
+    return outputs, record
 
 
 def build_body(

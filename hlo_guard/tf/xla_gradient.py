@@ -27,7 +27,10 @@ Only programs that can run twice take this path (:func:`recomputable`): no
 stateful operation but variable reads (a dropout draw or a batch-norm update
 must happen once) and no functional control flow (importing an ``If``/``While``
 twice gives TF's gradient rewriting of both bodies one derived name).  The
-rest keep the wrapper's own gradient, and with it TF's recompilation.
+rest keep the wrapper's own gradient; without control flow, its ops build the
+integer constants their gradients read themselves
+(:mod:`hlo_guard.tf.local_constants`), so they too are compiled once.  With
+control flow the bodies are left to TF and the call warns.
 """
 
 from __future__ import annotations
@@ -62,15 +65,16 @@ def recomputable(graph_def) -> bool:
 
 
 def warn_compiled_per_value(name: str, reason: str) -> None:
-    """Say that this call keeps TF's nested-function gradient under XLA, and
-    what that may cost: a silent recompilation per step is the kind of cost a
-    user otherwise finds only by profiling."""
+    """Say that this call keeps TF's nested-function gradient under XLA with
+    control-flow bodies whose constants are not localized, and what that may
+    cost: a silent recompilation per step is the kind of cost a user otherwise
+    finds only by profiling."""
     warnings.warn(
         f"hlo_guard.tf.guard({name}): inside tf.function(jit_compile=True) this call's "
         f"gradient is TF's own nested-function gradient, because the program {reason}. "
-        "If the program has a gather, concat, transpose, pad, tile or max/min reduction, "
-        "XLA compiles the step again for every new input value; keep the stateful part "
-        "or the control flow outside the guarded function to avoid it.",
+        "If a tf.cond/tf.while_loop body has a gather, concat, transpose, pad, tile, split, "
+        "cumsum or max/min reduction, XLA compiles the step again for every new input value; "
+        "keep the control flow outside the guarded function to avoid it.",
         stacklevel=4,
     )
 
