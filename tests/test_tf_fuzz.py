@@ -106,6 +106,37 @@ def test_guarded_tf_program_matches_lane_oracle(root, x, y):
     event(check_tf_program(root, x, y))  # `pytest --hypothesis-show-statistics`: how many compared
 
 
+#: touched by the stateful variant below, so that its program cannot run twice
+_CALLS = tf.Variable(0.0)
+
+
+def _stateful_guard(fn):
+    """``hg.guard`` of ``fn`` after a variable update: a program that cannot run
+    twice keeps TF's own gradient under XLA, with the ops whose gradients read
+    an integer constant building it locally (hlo_guard.tf.local_constants)."""
+
+    def updated(x, y):
+        with tf.control_dependencies([_CALLS.assign_add(1.0)]):
+            x = tf.identity(x)
+        return fn(x, y)
+
+    return hg.guard(updated)
+
+
+@settings(
+    max_examples=max(1, EXAMPLES // 2),
+    deadline=None,
+    derandomize=SEED is None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    phases=list(Phase) if SHRINK else [Phase.explicit, Phase.reuse, Phase.generate],
+)
+@given(root=programs(max_depth=3, unary=sorted(TF_UNARY)), x=input_vectors(), y=input_vectors())
+@(seed(int(SEED) + 1) if SEED is not None else (lambda t: t))
+def test_guarded_stateful_tf_program_matches_lane_oracle(root, x, y):
+    event(check_tf_program(root, x, y, guard=_stateful_guard))
+
+
 # -- the checks themselves can fail -----------------------------------------------------
 
 X = np.array([0.0, -1.0, 4.0, 0.25], np.float32)
