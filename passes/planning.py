@@ -9,10 +9,13 @@ them are never differentiated and need nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from passes.analysis import Analysis
 from passes.lattice import Level, Liveness
+from passes.masks import ALL, NONE, ShadowUnavailable
 from passes.rules import ForwardRule, implements
 
 
@@ -237,6 +240,35 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         for v in input_list
     ]
     return Placement(h_use, guarded, input_hazards, keys["uses"], own_hazard_only)
+
+
+def contraction_covers_operand(
+    analysis: Analysis,
+    resolver,
+    node: int,
+    index: int,
+    is_one_bit: Callable[[Any], bool],
+    partner_zeroed: Callable[[int], bool],
+) -> bool:
+    """Whether a guarded contraction makes the boundary guard of its operand
+    ``index`` redundant: the operand's mask is one bit (its lanes live or die
+    together: the weights under a row mask), its only hazard is the
+    contraction's own rule (:attr:`Placement.own_hazard_only`), and its
+    partner is live in every lane or zeroed by the contraction in its dead
+    lanes (``partner_zeroed``).  Both front ends decide which operations are
+    such contractions; docs/PLACEMENT.md and JAX's
+    ``Scope._contraction_covers`` give the argument.  A mask that cannot be
+    built (``ShadowUnavailable``) keeps the guard, which reports it."""
+    if (node, index) not in placement_of(analysis).own_hazard_only:
+        return False
+    try:
+        mask = resolver.use_mask(node, index)
+    except ShadowUnavailable:
+        return False
+    if mask is ALL or mask is NONE or not is_one_bit(mask):
+        return False
+    partner = 1 - index
+    return analysis.use(node, partner).is_live or partner_zeroed(partner)
 
 
 _LIVE_KEY = "live"

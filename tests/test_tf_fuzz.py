@@ -92,16 +92,30 @@ def check_tf_program(root, x, y, guard=hg.guard):
     return "checked"
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=SEED is None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    phases=list(Phase) if SHRINK else [Phase.explicit, Phase.reuse, Phase.generate],
-)
-@given(root=programs(max_depth=3, unary=sorted(TF_UNARY)), x=input_vectors(), y=input_vectors())
-@(seed(int(SEED)) if SEED is not None else (lambda t: t))
+def _fuzzed(max_examples: int, seed_offset: int):
+    """The hypothesis settings and strategies both fuzz tests share."""
+
+    def decorate(test):
+        if SEED is not None:
+            test = seed(int(SEED) + seed_offset)(test)
+        test = given(
+            root=programs(max_depth=3, unary=sorted(TF_UNARY)),
+            x=input_vectors(),
+            y=input_vectors(),
+        )(test)
+        return settings(
+            max_examples=max_examples,
+            deadline=None,
+            derandomize=SEED is None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            phases=list(Phase) if SHRINK else [Phase.explicit, Phase.reuse, Phase.generate],
+        )(test)
+
+    return decorate
+
+
+@_fuzzed(EXAMPLES, 0)
 def test_guarded_tf_program_matches_lane_oracle(root, x, y):
     event(check_tf_program(root, x, y))  # `pytest --hypothesis-show-statistics`: how many compared
 
@@ -123,16 +137,7 @@ def _stateful_guard(fn):
     return hg.guard(updated)
 
 
-@settings(
-    max_examples=max(1, EXAMPLES // 2),
-    deadline=None,
-    derandomize=SEED is None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    phases=list(Phase) if SHRINK else [Phase.explicit, Phase.reuse, Phase.generate],
-)
-@given(root=programs(max_depth=3, unary=sorted(TF_UNARY)), x=input_vectors(), y=input_vectors())
-@(seed(int(SEED) + 1) if SEED is not None else (lambda t: t))
+@_fuzzed(max(1, EXAMPLES // 2), 1)
 def test_guarded_stateful_tf_program_matches_lane_oracle(root, x, y):
     event(check_tf_program(root, x, y, guard=_stateful_guard))
 

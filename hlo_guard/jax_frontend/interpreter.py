@@ -63,7 +63,12 @@ from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, OutputGuardSite, guard_sharing_key, placement_of
+from passes.planning import (
+    GuardSite,
+    OutputGuardSite,
+    contraction_covers_operand,
+    guard_sharing_key,
+)
 from passes.rules import BroadcastOperandRule, implements
 
 # -- evaluation ----------------------------------------------------------------
@@ -281,17 +286,13 @@ class Scope:
         eqn = self.graph.eqns[node]
         if eqn.primitive.name != "dot_general" or node not in self.plan.guarded_contractions:
             return False
-        if (node, site.index) not in placement_of(self.analysis).own_hazard_only:
-            return False
-        try:
-            mask = self.resolver.use_mask(node, site.index)
-        except ShadowUnavailable:
-            return False  # guard() reports it
-        if mask is ALL or mask is NONE or not is_one_bit(mask):
-            return False
-        partner = 1 - site.index
-        return self.analysis.use(node, partner).is_live or partner in self.contraction_masks(
-            node, eqn
+        return contraction_covers_operand(
+            self.analysis,
+            self.resolver,
+            node,
+            site.index,
+            is_one_bit,
+            lambda partner: partner in self.contraction_masks(node, eqn),
         )
 
     def _safe_point(self, node: int, site: GuardSite):

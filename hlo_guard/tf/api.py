@@ -26,7 +26,7 @@ from hlo_guard.tf.dumps import TFDumps, guard_compiler_ir
 from hlo_guard.tf.records import BuildRecord
 from hlo_guard.tf.report import TFReport, build_report
 from hlo_guard.tf.rewrite import build_guarded
-from hlo_guard.tf.tracing import trace, unsupported_reason
+from hlo_guard.tf.tracing import pack_tensor_leaves, trace, unsupported_reason
 
 
 def _check_callable(fn, who: str):
@@ -128,7 +128,8 @@ class GuardedTFFunction:
             graph = tf.compat.v1.get_default_graph()
             self._records[graph.name] = record
             self.last_record = record
-        return _pack_outputs(concrete.structured_outputs, outputs)
+        # the imported output tensors where the traced function had tensors
+        return pack_tensor_leaves(concrete.structured_outputs, outputs)
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, *args, **kwargs):
@@ -137,10 +138,7 @@ class GuardedTFFunction:
             # inside it, where its variable reads are reported to the tapes
             self.wrapper.get_concrete_function(*args, **kwargs)
             traced = trace(self.original, args, kwargs)
-            leaves = tf.nest.flatten((args, kwargs), expand_composites=True)
-            reason = xla_gradient.variable_argument(leaves) or xla_gradient.why_not_recomputable(
-                traced.graph_def
-            )
+            reason = xla_gradient.why_not_recomputed(args, kwargs, traced.graph_def)
             if reason is not None:
                 # the wrapper's gradient, its constants built locally at the
                 # top level (hlo_guard.tf.local_constants); control-flow
@@ -238,11 +236,7 @@ def _localizes(traced, args, kwargs) -> bool:
     the call warns under XLA instead)."""
     if traced.graph_def.library.function:
         return False
-    leaves = tf.nest.flatten((args, kwargs), expand_composites=True)
-    return (
-        xla_gradient.why_not_recomputable(traced.graph_def) is not None
-        or xla_gradient.variable_argument(leaves) is not None
-    )
+    return xla_gradient.why_not_recomputed(args, kwargs, traced.graph_def) is not None
 
 
 def _copy_signature(target, source):
@@ -255,14 +249,6 @@ def _copy_signature(target, source):
         target.__signature__ = inspect.signature(source)
     except (TypeError, ValueError):
         pass
-
-
-def _pack_outputs(structure, flat_outputs):
-    """Put the imported output tensors where the traced function had tensors."""
-    it = iter(flat_outputs)
-    leaves = tf.nest.flatten(structure, expand_composites=True)
-    new = [next(it) if isinstance(x, tf.Tensor) else x for x in leaves]
-    return tf.nest.pack_sequence_as(structure, new, expand_composites=True)
 
 
 def _stop_aux_gradient(fn: Callable) -> Callable:

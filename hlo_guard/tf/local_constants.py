@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from hlo_guard.tf import compat
 from hlo_guard.tf.graph import is_inexact
-from hlo_guard.tf.opcopy import copy_op, is_stateful
+from hlo_guard.tf.opcopy import copy_op, is_stateful, move_consumers
 
 #: gradients that read their constant inputs through ``tensor_util.constant_value``
 #: or only as shapes XLA infers (checked with a nested ``tf.function`` under XLA)
@@ -93,13 +93,9 @@ def localize(ops: Sequence[tf.Operation]) -> dict[str, tf.Tensor]:
             continue
         with tf.name_scope("hlo_guard_local_constants"):
             outputs = _with_local_constants(op)
-        for old, new in zip(op.outputs, outputs):
-            for consumer in old.consumers():
-                for k, t in enumerate(consumer.inputs):
-                    if t.name == old.name:
-                        compat.update_input(consumer, k, new)
-            replaced[old.name] = new
+        move_consumers(op, outputs)
         compat.move_control_outputs(op, outputs[0].op)
+        replaced.update((old.name, new) for old, new in zip(op.outputs, outputs))
     return replaced
 
 

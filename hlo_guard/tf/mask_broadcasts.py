@@ -216,25 +216,13 @@ def reduce_to(m, out_shape: Sequence[int], operand_shape: Sequence[int]):
     """OR-reduce ``m`` (of ``out_shape``) over the axes an operand of
     ``operand_shape`` was implicitly broadcast along, on its source; None when
     ``m`` is not a recorded broadcast (the plain path is then as good)."""
-    if not is_recorded(m):
-        return None
-    found = source_of(m)
-    assert found is not None
-    source, dims = found
     lead = len(out_shape) - len(operand_shape)
-
-    def broadcast_along(ax: int) -> bool:
-        return ax < lead or (operand_shape[ax - lead] == 1 and out_shape[ax] != 1)
-
-    # a stretched axis of size 0 the operand broadcast along: no lane reads it
-    if any(broadcast_along(ax) and out_shape[ax] == 0 for ax in range(len(out_shape))):
-        return NONE
-    reduced = [k for k, ax in enumerate(dims) if broadcast_along(ax)]
-    kept = [ax - lead for k, ax in enumerate(dims) if k not in reduced]
-    with tf.name_scope("hlo_guard_mask"):
-        if reduced:
-            source = tf.reduce_any(source, axis=reduced)
-    return emit(source, operand_shape, kept)
+    broadcast_along = [
+        ax
+        for ax in range(len(out_shape))
+        if ax < lead or (operand_shape[ax - lead] == 1 and out_shape[ax] != 1)
+    ]
+    return any_over(m, broadcast_along, operand_shape, lambda ax: ax - lead)
 
 
 def any_over(m, axes: Sequence[int], out_shape: Sequence[int], out_dims_of: Callable):

@@ -48,3 +48,13 @@ def is_stateful(op: tf.Operation) -> bool:
         ValueError,
     ):  # pragma: no cover - unknown op kinds are assumed effectful
         return True
+
+
+def move_consumers(op: tf.Operation, new_outputs: Sequence[tf.Tensor]) -> None:
+    """Point every reader of ``op``'s outputs at ``new_outputs`` (a guarded
+    or otherwise re-created copy of ``op``)."""
+    for old, new in zip(op.outputs, new_outputs):
+        for consumer in old.consumers():
+            for k, t in enumerate(consumer.inputs):
+                if t.name == old.name:
+                    compat.update_input(consumer, k, new)

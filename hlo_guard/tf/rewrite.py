@@ -37,14 +37,19 @@ from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
 from hlo_guard.tf.mask_broadcasts import is_one_bit
 from hlo_guard.tf.mask_ops import ALGEBRA, StaticShape
-from hlo_guard.tf.opcopy import copy_op, is_stateful
+from hlo_guard.tf.opcopy import copy_op, is_stateful, move_consumers
 from hlo_guard.tf.records import AppliedGuard, BuildRecord
 from hlo_guard.tf.rules import RULES
 from hlo_guard.tf.tracing import TracedFunction
 from passes.analysis import Analysis, analyze
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
-from passes.planning import GuardSite, guard_sharing_key, placement_of, plan_boundary_guards
+from passes.planning import (
+    GuardSite,
+    contraction_covers_operand,
+    guard_sharing_key,
+    plan_boundary_guards,
+)
 from passes.rules import BroadcastOperandRule, MaskRule, implements
 from passes.side_evaluation import evaluate_on_side
 
@@ -332,16 +337,14 @@ class Builder:
             return False
         if self.graph.op(node).type != "MatMul" or site.index > 1:
             return False
-        if (node, site.index) not in placement_of(self.analysis).own_hazard_only:
-            return False
-        try:
-            mask = self.resolver.use_mask(node, site.index)
-        except ShadowUnavailable:
-            return False  # the guard reports it
-        if mask is ALL or mask is NONE or not is_one_bit(mask):
-            return False
-        partner = 1 - site.index
-        return self.analysis.use(node, partner).is_live or partner in contraction_masks[node]
+        return contraction_covers_operand(
+            self.analysis,
+            self.resolver,
+            node,
+            site.index,
+            is_one_bit,
+            lambda partner: partner in contraction_masks[node],
+        )
 
     def _guard_contraction(self, node: int, masks: dict[int, tf.Tensor]) -> None:
         """Swap the contraction at ``node`` (as guarded so far) for one whose
@@ -368,11 +371,8 @@ class Builder:
 
     def _move_consumers(self, op: tf.Operation, new_outputs: Sequence[tf.Tensor]) -> None:
         """Point every reader of ``op``'s outputs at ``new_outputs``."""
+        move_consumers(op, new_outputs)
         for old, new in zip(op.outputs, new_outputs):
-            for consumer in old.consumers():
-                for k, t in enumerate(consumer.inputs):
-                    if t.name == old.name:
-                        compat.update_input(consumer, k, new)
             self.replaced[old.name] = new
 
     def _guard_operand(self, site: GuardSite, x: tf.Tensor):

@@ -138,3 +138,14 @@ def unsupported_reason(traced: TracedFunction) -> str:
                 "original graph, so the function runs unguarded"
             )
     return ""
+
+
+def pack_tensor_leaves(structure, flat_tensors):
+    """``structure`` with its tensor leaves replaced, in order, by
+    ``flat_tensors`` (its other leaves -- ``None``, Python values -- kept)."""
+    import tensorflow as tf
+
+    it = iter(flat_tensors)
+    leaves = tf.nest.flatten(structure, expand_composites=True)
+    new = [next(it) if isinstance(x, tf.Tensor) else x for x in leaves]
+    return tf.nest.pack_sequence_as(structure, new, expand_composites=True)

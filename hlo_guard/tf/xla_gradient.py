@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from hlo_guard.tf import compat
 from hlo_guard.tf.graph import is_inexact
+from hlo_guard.tf.tracing import pack_tensor_leaves
 
 #: stateful by their op definition, yet harmless to run again: they only read
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "VarHandleOp", "VariableShape"})
@@ -87,12 +88,15 @@ def wanted() -> bool:
     return compat.tape_may_record()
 
 
-def variable_argument(leaves: Sequence[Any]) -> str | None:
-    """A reason to keep the wrapper's gradient: a ``tf.Variable`` argument
-    (the wrapper reads it through its handle; this path passes tensors)."""
+def why_not_recomputed(args: tuple, kwargs: dict, graph_def) -> str | None:
+    """Why this call keeps the wrapper's own gradient, or None when its
+    gradient can be recomputed: a ``tf.Variable`` argument (the wrapper reads
+    it through its handle; this path passes tensors), or a program that
+    cannot run twice (:func:`why_not_recomputable`)."""
+    leaves = tf.nest.flatten((args, kwargs), expand_composites=True)
     if any(isinstance(t, tf.Variable) for t in leaves):
         return "takes a tf.Variable argument"
-    return None
+    return why_not_recomputable(graph_def)
 
 
 def call_with_recomputed_gradient(
@@ -169,12 +173,4 @@ def call_with_recomputed_gradient(
         return flat_out, gradient
 
     flat = guarded_call(*[leaves[i] for i in tensor_at])
-    if not isinstance(flat, (list, tuple)):
-        flat = [flat]
-    it = iter(flat)
-    result = held["result"]
-    new = [
-        next(it) if isinstance(y, tf.Tensor) else y
-        for y in tf.nest.flatten(result, expand_composites=True)
-    ]
-    return tf.nest.pack_sequence_as(result, new, expand_composites=True)
+    return pack_tensor_leaves(held["result"], flat if isinstance(flat, (list, tuple)) else [flat])
