@@ -322,3 +322,24 @@ def test_which_ops_build_their_constants_locally():
         "random": False,
         "list": False,
     }
+
+
+@pytest.mark.parametrize("path", ["recomputed", "localized"])
+def test_a_taken_singularity_stays_infinite(path):
+    """d sqrt(|x|) at 0 (inf * sign(0)) on a lane the program really takes is
+    non-finite in the plain gradient; neither gradient path may hide it, nor
+    let the dead lane's NaN leak next to it."""
+    calls = tf.Variable(0.0)
+
+    def program(x):
+        if path == "localized":
+            with tf.control_dependencies([calls.assign_add(1.0)]):
+                x = tf.identity(x)
+        z = tf.concat([x, x], axis=1)
+        return tf.sqrt(tf.abs(z)) + _safe_sqrt(z)
+
+    x = np.array([[0.0, 4.0, -1.0]], np.float32)
+    got = _step(hg.guard(program))(tf.constant(x)).numpy()
+    assert not np.isfinite(got[0, 0])  # |0|: taken, genuinely singular
+    want = 2 * (0.5 / np.sqrt([4.0, 1.0]) * [1.0, -1.0] + [0.5 / 2.0, 0.0])
+    np.testing.assert_allclose(got[0, 1:], want, rtol=1e-6)
