@@ -297,3 +297,46 @@ def test_a_taken_zero_inside_the_call_stays_non_finite(mode):
     got = np.asarray(MODES[mode](guard(f))(X))
     assert np.isinf(got[1])  # (jacfwd's other columns meet it as 0 * inf, as plain JAX's do)
     assert_like_double_where(MODES[mode], f, oracle, X)
+
+
+def _softplus_of_log(x):
+    """No selection anywhere: every lane is taken.  At ``x = 0`` the tangent
+    of ``log`` is inf, and softplus's rule multiplies it by ``exp(-inf) = 0``:
+    a genuine NaN, which the guard must leave visible."""
+    return jax.nn.softplus(jnp.log(x))
+
+
+def _sqrt_of_relu(x):
+    """relu's rule *selects* 0 where ``x <= 0``: those tangent lanes are
+    structurally zero, and ``sqrt'(0) = inf`` must not turn them NaN."""
+    return jnp.sum(jnp.sqrt(jax.nn.relu(x)) * x)
+
+
+def _sqrt_of_relu_oracle(x):
+    pos = x > 0
+    return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0) * x)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
+def test_custom_rule_numeric_zero_keeps_a_genuine_nan_visible(transform):
+    """A ``custom_jvp`` rule's coefficient that is numerically 0 is not a
+    structural zero: the probe used to call it one, and the output guard then
+    replaced the genuine forward-mode NaN by 0 (found with numpyro's
+    StickBreakingTransform, whose log-det-J ends in ``log_sigmoid``)."""
+    x = jnp.array([0.0, 1.0, 2.0], jnp.float32)
+    if transform == "jvp":
+        ones = jnp.ones_like(x)
+        plain = jax.jvp(_softplus_of_log, (x,), (ones,))[1]
+        guarded = jax.jvp(guard(_softplus_of_log), (x,), (ones,))[1]
+    else:
+        plain = jnp.diag(jax.jacfwd(_softplus_of_log)(x))
+        guarded = jnp.diag(jax.jacfwd(guard(_softplus_of_log))(x))
+    assert np.isnan(np.asarray(plain)[0])
+    np.testing.assert_array_equal(np.asarray(guarded), np.asarray(plain))
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_custom_rule_that_selects_still_makes_structural_zeros(mode):
+    """The other side of the probe: relu's selected zeros stay structural."""
+    assert_like_double_where(MODES[mode], _sqrt_of_relu, _sqrt_of_relu_oracle, X)
+    assert np.isnan(np.asarray(jax.jacfwd(_sqrt_of_relu)(X))).any()

@@ -434,11 +434,18 @@ def _body_selects(jaxpr) -> bool:
 
 def probe_rule_tangents(mctx, eqn, in_masks):
     """Tangent masks of a lane-wise ``custom_jvp`` call's outputs, from its own
-    rule: JVP the call at its (gradient-stopped) operands with tangent =
-    operand ``k``'s mask, one operand at a time.  Lane-wise, an output lane's
-    tangent is ``sum_k c_k * t_k``; probing each ``k`` alone, nothing cancels,
-    and a lane is structurally zero iff every ``c_k`` there is exactly 0 (a
-    NaN/inf ``c_k`` counts as live: a genuine singularity stays visible)."""
+    rule: JVP the call at its (gradient-stopped) operands with a tangent that
+    is NaN in operand ``k``'s live lanes and 0 elsewhere, one operand at a
+    time.  An output lane is structurally zero iff the rule's tangent there
+    does not depend on a live input tangent: the rule *selects* a constant
+    (``relu``: ``select(x > 0, t, 0)``), so the NaN does not arrive.  A
+    coefficient that is merely numerically 0 (``logaddexp``'s
+    ``t * exp(x - out)`` underflowing at ``x = -inf``) still multiplies the
+    NaN through: that lane is live, and a non-finite tangent arriving there
+    from upstream (``softplus(log(x))`` at 0) stays visible, as in JAX
+    without the guard.  (A probe of 1.0 took such lanes for structural zeros
+    and their output guard hid that NaN.)  Dead input lanes probe with 0: an
+    inf coefficient there gives NaN, so they count as live, conservatively."""
     import jax
 
     from hlo_guard.jax_frontend.binding import bind_eqn, jvp_in, stop_if_inexact
@@ -454,8 +461,8 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     found = [None] * len(eqn.outvars)
     for k in diff:
         aval = eqn.invars[k].aval
-        tangent = materialize(in_masks[k], tuple(aval.shape))
-        tangent = jax.numpy.asarray(tangent).astype(aval.dtype)
+        live_lanes = materialize(in_masks[k], tuple(aval.shape))
+        tangent = jax.numpy.where(live_lanes, jax.numpy.nan, 0).astype(aval.dtype)
         _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals, [k], [tangent])
         for j, o in enumerate(outs):
             if o.dtype == jax.dtypes.float0 or not is_inexact_aval(eqn.outvars[j].aval):
