@@ -231,6 +231,26 @@ def test_max_min_loser_is_dead(op):
     assert ("sqrt", 0) in guarded_uses(prog.analysis)
 
 
+@pytest.mark.parametrize("op", [jnp.maximum, jnp.minimum], ids=["max", "min"])
+def test_max_min_build_no_mask_for_a_bound(op):
+    """``minimum(|x|, 1.0)`` (a Huber loss): the literal bound carries no
+    derivative, so no mask is built for it in either direction -- an unused
+    mask is a comparison (and a reduction) left dead in the guarded program
+    and in every dump of it."""
+
+    def f(x):  # optax.huber_loss's body, with ``op`` for its minimum
+        a = jnp.abs(x)
+        q = op(a, 1.0)
+        return jnp.sum(0.5 * q**2 + (a - q))
+
+    x = jnp.array([0.0, 0.5, 3.0])
+    jaxpr = jax.make_jaxpr(guard(f))(x).jaxpr
+    read = {id(v) for e in jaxpr.eqns for v in e.invars} | {id(v) for v in jaxpr.outvars}
+    dead = [e for e in jaxpr.eqns if not any(id(v) in read for v in e.outvars)]
+    assert dead == [], dead
+    np.testing.assert_array_equal(jax.grad(guard(f))(x), jax.grad(f)(x))
+
+
 def test_max_tie_stays_live():
     """JAX gives half the derivative to each side of a tie: a tied lane is
     live and must keep JAX's value (here the genuine inf of sqrt'(0))."""

@@ -169,12 +169,16 @@ class MaxMin(JaxRule):
         out = out_masks[0]
         shape = aval_shape(eqn.outvars[0])
         ans = mctx.value(eqn.outvars[0])
-        masks = []
-        for v in eqn.invars:
+
+        def operand_mask(i):
+            v = eqn.invars[i]
             x = mctx.value(v)
             chosen = normalize(broadcast_to(xp(x, ans).equal(x, ans), shape))
-            masks.append(reduce_to_shape(and_(out, chosen, shape), shape, aval_shape(v)))
-        return masks
+            return reduce_to_shape(and_(out, chosen, shape), shape, aval_shape(v))
+
+        # lazily: ``minimum(x, 1.0)``'s literal needs no mask, and an unused
+        # mask would be a traced comparison and reduction in the program
+        return LazyMasks(operand_mask, len(eqn.invars))
 
     def broadcast_operand_mask(self, mctx, node, eqn, index, out_masks):
         shape = aval_shape(eqn.outvars[0])
@@ -189,11 +193,14 @@ class MaxMin(JaxRule):
     def forward_masks(self, mctx, node, eqn, in_masks):
         shape = aval_shape(eqn.outvars[0])
         ans = mctx.value(eqn.outvars[0])
-        chosen = []
-        for v in eqn.invars:
+        chosen, tangents = [], []
+        for v, m in zip(eqn.invars, in_masks):
+            if m is NONE:  # no tangent (a literal bound): its choice adds nothing
+                continue
             x = mctx.value(v)
             chosen.append(xp(x, ans).equal(x, ans))
-        return [_chosen_forward(chosen, in_masks, shape)]
+            tangents.append(m)
+        return [_chosen_forward(chosen, tangents, shape)]
 
 
 def _clamp_chosen(mctx, eqn):
