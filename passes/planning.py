@@ -176,6 +176,9 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     h_use: dict[tuple[int, int], bool] = {}
     guarded: set[tuple[int, int]] = set()
     own_hazard_only: set[tuple[int, int]] = set()
+    # uses whose op broadcasts them implicitly and is a hazard for them: a
+    # boundary wherever the value comes from (:meth:`Rule.broadcasts_operand`)
+    broadcast_hazards: set[tuple[int, int]] = set()
 
     def partly_dead(u) -> bool:
         lv = analysis.use(*u)
@@ -198,7 +201,7 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         for u in uses.get(v, ()):
             if u in guarded or not partly_dead(u) or not h_use.get(u, True):
                 continue
-            if boundary:
+            if boundary or u in broadcast_hazards:
                 guarded.add(u)
             else:
                 behind = True
@@ -233,6 +236,8 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
             else:
                 hazard = rule is None or (rule.guards_input(analysis, node, i) and not exit_)
                 h_use[(node, i)] = h_out or hazard
+                if hazard and rule is not None and rule.broadcasts_operand(analysis, node, i):
+                    broadcast_hazards.add((node, i))
                 if hazard and not h_out and not exit_:
                     own_hazard_only.add((node, i))
     input_hazards = [

@@ -98,6 +98,19 @@ class Rule:
         matters (docs/PLACEMENT.md)."""
         return None
 
+    def broadcasts_operand(self, ctx, node: int, index: int) -> bool:
+        """True when the op broadcasts input ``index`` implicitly to its
+        output's shape and can guard it there (:class:`BroadcastOperandRule`):
+        ``w1 * log(x)`` with ``w1`` of shape ``[1, D]``.  The op's own
+        derivative then *sums* ``ct * log(x)`` over output lanes, dead ones
+        included, into each lane of ``w1``: the mixing happens at this use,
+        so when the op is a hazard for it the guard must sit here, at the
+        output's shape -- not further up a lane-local chain (a
+        ``broadcast_in_dim`` adding the size-1 axis, a weak-type
+        ``convert_element_type``), where the operand's mask is the OR over the
+        broadcast axes and the select selects nothing."""
+        return False
+
     def forward_exit(self, ctx, node: int, index: int) -> bool:
         """True when the op's derivative *multiplies* input ``index``'s
         tangent by a 0/1 coefficient instead of selecting it (the JVPs of

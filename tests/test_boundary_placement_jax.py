@@ -572,3 +572,84 @@ def test_a_taken_zero_row_through_a_keepdims_sum_stays_a_genuine_singularity():
     assert not np.isfinite(want[0]).all()
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
     np.testing.assert_allclose(got[1:], want[1:], rtol=1e-6)
+
+
+# -- an operand broadcast implicitly after a lane-local step --------------------
+#
+# ``w * log(X)`` with ``w`` of shape [D] and ``X`` of [B, D]: jnp promotes ``w``
+# to [1, D] (``broadcast_in_dim``), and ``mul`` broadcasts the size-1 axis.  A
+# weak-typed or lower-precision scalar gets a ``convert_element_type`` first.
+# The op sums ``ct * log(X)`` over the dead rows into ``w``'s cotangent, so
+# its guard must sit at that ``mul`` (at the output's shape); walking back over
+# the lane-local step put it on ``w`` itself, where the mask is the OR over the
+# broadcast rows (all true) and the select selected nothing -- a silent NaN in
+# ``w``'s gradient (found with ``eqx.nn.LayerNorm``'s weight, 2026-11-26).
+
+PADDED = jnp.array([[1.0, 2.0, 4.0], [0.0, 0.0, 0.0]])  # row 1 is padding
+VALID = jnp.array([True, False])
+
+
+def _weighted_log(w, x):
+    return jnp.sum(jnp.where(VALID[:, None], w * jnp.log(x), 0.0))
+
+
+def _weighted_log_oracle(w, x):
+    return _weighted_log(w, jnp.where(VALID[:, None], x, 1.0))
+
+
+def _scaled_ratio(q, r):
+    return jnp.sum(jnp.where(r > 0, q / r, 0.0))
+
+
+def _scaled_ratio_oracle(q, r):
+    return jnp.sum(jnp.where(r > 0, q / jnp.where(r > 0, r, 1.0), 0.0))
+
+
+WEIGHTS = {
+    "vector": jnp.array([1.0, 0.5, 2.0]),
+    "weak scalar": jnp.array(0.5),
+    "python float": 0.5,
+    "bfloat16 scalar": jnp.array(0.5, jnp.bfloat16),
+}
+
+
+@pytest.mark.parametrize("mode", ["grad", "jit_grad", "jacfwd_grad"])
+@pytest.mark.parametrize("weight", sorted(WEIGHTS))
+def test_an_operand_broadcast_after_a_lane_local_step_is_guarded_at_the_op(weight, mode):
+    w = WEIGHTS[weight]
+    if weight == "vector":
+        f, oracle, args = _weighted_log, _weighted_log_oracle, (w, PADDED)
+    else:
+        f, oracle, args = _scaled_ratio, _scaled_ratio_oracle, (w, jnp.array([2.0, 4.0, 0.0]))
+    d = {
+        "grad": lambda h: jax.grad(h, argnums=(0, 1)),
+        "jit_grad": lambda h: jax.jit(jax.grad(h, argnums=(0, 1))),
+        "jacfwd_grad": lambda h: jax.jacfwd(jax.grad(h, argnums=0), argnums=1),
+    }[mode]
+    plain = d(f)(*args)
+    assert not all(
+        np.isfinite(np.asarray(leaf, np.float32)).all() for leaf in jax.tree.leaves(plain)
+    )
+    got, want = d(guard(f))(*args), d(oracle)(*args)
+    for g, o in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(o, np.float32))
+    np.testing.assert_array_equal(guard(f)(*args), f(*args))
+
+
+def test_a_layer_norm_weight_under_padded_rows_gets_an_exact_gradient():
+    """The user's view: a per-feature scale after a zero-variance padded row."""
+
+    def layer_norm(x, weight):
+        mean = jnp.mean(x, -1, keepdims=True)
+        var = jnp.mean((x - mean) ** 2, -1, keepdims=True)
+        return weight * ((x - mean) * jax.lax.rsqrt(var))
+
+    def loss(weight, x):
+        return jnp.sum(jnp.where(VALID[:, None], layer_norm(x, weight), 0.0))
+
+    def oracle(weight, x):
+        return loss(weight, jnp.where(VALID[:, None], x, jnp.arange(3.0)))
+
+    w = jnp.array([1.0, 2.0, 3.0])
+    assert np.isnan(np.asarray(jax.grad(loss)(w, PADDED))).all()
+    np.testing.assert_array_equal(jax.grad(guard(loss))(w, PADDED), jax.grad(oracle)(w, PADDED))

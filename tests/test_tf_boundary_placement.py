@@ -143,3 +143,35 @@ def test_a_mask_that_needs_only_a_shape_copies_nothing_on_the_side():
     assert_same(
         xla_grads(g, x, w)[0], xla_grads(lambda x, w: f(tf.where(x > 0, x, 1.0), w), x, w)[0]
     )
+
+
+PADDED = [[1.0, 2.0, 4.0], [0.0, 0.0, 0.0]]  # row 1 is padding
+
+
+def _padded_log(w, x, operand):
+    valid = tf.constant([[True], [False]])
+    return tf.where(valid, operand(w) * tf.math.log(x), 0.0)
+
+
+_OPERANDS = {
+    # a lane-local step between the weight and the broadcasting Mul
+    "reshape to [1, D]": (lambda w: tf.reshape(w, [1, 3]), [1.0, 0.5, 2.0], tf.float32),
+    "cast of a half scalar": (lambda w: tf.cast(w, tf.float32), 0.5, tf.float16),
+}
+
+
+@pytest.mark.parametrize("operand", sorted(_OPERANDS))
+def test_an_operand_broadcast_after_a_lane_local_step_is_guarded_at_the_op(operand):
+    """As on the JAX side: ``Mul`` sums ``ct * log(x)`` over the padded row
+    into the weight's cotangent, so the guard belongs at the ``Mul``, at the
+    output's shape; placed on the weight before the reshape or cast its mask
+    was all true and the XLA gradient stayed NaN."""
+    step, w, dtype = _OPERANDS[operand]
+    x = tf.constant(PADDED)
+    xs = tf.where(tf.constant([[True], [False]]), x, 1.0)
+    fn = lambda w: _padded_log(w, x, step)  # noqa: E731
+    oracle = lambda w: _padded_log(w, xs, step)  # noqa: E731
+    w = tf.constant(w, dtype)
+    assert not np.isfinite(np.asarray(xla_grads(fn, w)[0], np.float32)).all()
+    assert_same(xla_grads(hg.guard(fn), w)[0], xla_grads(oracle, w)[0])
+    assert_same(xla_grads(hg.guard(fn), w, jit=False)[0], xla_grads(oracle, w, jit=False)[0])

@@ -16,7 +16,7 @@ from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import ALL
 from passes.masks import or_all as passes_or_all
-from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
+from passes.rules import BroadcastOperandRule, Rule, dropping, implements, joined  # noqa: F401  (shared helpers, re-exported)
 
 
 class JaxRule(Rule):
@@ -56,6 +56,17 @@ class JaxRule(Rule):
             if aval_shape(v) != shape and analysis.use(node, i).reaches_output:
                 return False  # (a constant operand mixes nothing)
         return True
+
+    def broadcasts_operand(self, analysis, node, index) -> bool:
+        """A differentiable operand of another shape than the output, of an
+        op that guards such operands at the output's shape."""
+        if not implements(self, BroadcastOperandRule):
+            return False
+        eqn = analysis.graph.eqns[node]
+        v = eqn.invars[index]
+        if is_literal(v) or not is_inexact_aval(v.aval) or len(eqn.outvars) != 1:
+            return False
+        return aval_shape(v) != aval_shape(eqn.outvars[0])
 
     def mask_passes_through(self, analysis, node, index) -> bool:
         """Elementwise and pass-through rules hand an operand of the output's

@@ -19,7 +19,7 @@ from hlo_guard.tf.mask_ops import ALGEBRA
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import ALL
 from passes.masks import or_all as passes_or_all
-from passes.rules import Rule, dropping, joined  # noqa: F401  (shared helpers, re-exported)
+from passes.rules import BroadcastOperandRule, Rule, dropping, implements, joined  # noqa: F401  (shared helpers, re-exported)
 
 
 class TFRule(Rule):
@@ -63,6 +63,19 @@ class TFRule(Rule):
             if not t.shape.is_fully_defined() or t.shape != out:
                 return False
         return True
+
+    def broadcasts_operand(self, analysis, node, index) -> bool:
+        """A differentiable operand whose static shape is not the output's
+        (or is not known: it may be broadcast), of an op that guards such
+        operands at the output's shape (``Builder._guard_operand``)."""
+        if not implements(self, BroadcastOperandRule):
+            return False
+        op = analysis.graph.op(node)
+        t = op.inputs[index]
+        if len(op.outputs) != 1 or t.op.type == "Const" or not is_inexact(t.dtype):
+            return False
+        x, out = t.shape, op.outputs[0].shape
+        return not (x.is_fully_defined() and out.is_fully_defined() and x == out)
 
     def mask_passes_through(self, analysis, node, index) -> bool:
         """An elementwise op hands an operand of the output's (static, fully
