@@ -272,6 +272,53 @@ def test_while_boundary_is_reported_unguarded():
     assert u.origins[0].op == "where"
 
 
+def _rnn(w, x):
+    def step(h, xt):
+        h = jnp.tanh(w * xt + h)
+        return h, h
+
+    return jax.lax.scan(step, 0.0, x)[1]
+
+
+def _scan_over_padded_steps(w, d):
+    """An RNN over ``log(d)``: the padded step has ``d = 0``; its output is
+    masked, and the final carry is dropped."""
+    return jnp.sum(jnp.where(jnp.array([True, True, False]), _rnn(w, jnp.log(d)), 0.0))
+
+
+def _loop_result_masked(w, d):
+    """A fori_loop (a scan) whose final carry is masked per lane."""
+    h = jax.lax.fori_loop(0, 2, lambda i, h: jnp.tanh(w * jnp.log(d) + h), jnp.zeros_like(d))
+    return jnp.sum(jnp.where(jnp.array([True, True, False]), h, 0.0))
+
+
+@pytest.mark.parametrize("fn", [_scan_over_padded_steps, _loop_result_masked])
+def test_scan_dead_lanes_lost_in_its_live_carry_are_reported(fn):
+    """The carry is kept fully live, so a padded iteration's dead lanes are
+    not followed: the gradient is NaN there (as without the guard) -- which
+    the report used to hide behind "nothing to guard"."""
+    w, d = jnp.float32(0.5), jnp.array([1.0, 2.0, 0.0])
+    assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(fn), argnums=(0, 1))(w, d)[1])).any()
+    r = explain(fn, w, d)
+    (u,) = r.unguarded
+    assert u.op == "scan" and u.category == "control-flow"
+    assert "not followed through the loop" in u.reason
+    assert u.origins[0].op == "where"
+
+
+def test_scan_with_stacked_outputs_dead_only_in_the_body_is_not_reported():
+    """Dead lanes of ``ys`` that stay dead inside the body (not joined with
+    the carry) are followed and guarded there: no report."""
+
+    def f(x):
+        ys = jax.lax.scan(lambda c, xt: (c + xt, jnp.sqrt(xt)), 0.0, x)[1]
+        return jnp.sum(jnp.where(x > 0, ys, 0.0))
+
+    x = jnp.array([1.0, 0.0, 4.0])
+    assert not explain(f, x).unguarded
+    np.testing.assert_array_equal(jax.grad(hlo_guard.guard(f))(x), [0.5, 0.0, 0.25])
+
+
 def test_primitive_without_rule_is_reported_with_its_name():
     r = explain(f_cholesky, jnp.eye(2) * 2.0)
     (u,) = [s for s in r.unguarded if s.op == "cholesky"]

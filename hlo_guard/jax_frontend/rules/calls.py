@@ -227,6 +227,16 @@ class ControlFlow(JaxRule):
                     f"{name}",
                     dead_inside[0],
                 )
+            lost = _scan_dead_lanes_lost(sub, body, outs, eqn) if name == "scan" else None
+            if lost is not None and not noted:
+                noted = True
+                analysis.note_unreached(
+                    node,
+                    f"scan: dead lanes of its {lost[0]} are not followed through the loop "
+                    "(its carries are kept fully live): a singular operation in the body, "
+                    "or before the scan, can still turn their zero cotangent into NaN",
+                    lost[1],
+                )
         if name in ("while", "shard_map") and out.reaches_output and not out.is_live:
             analysis.note_unreached(
                 node,
@@ -243,6 +253,33 @@ class ControlFlow(JaxRule):
 
     def guards_output(self, analysis, node, index):
         return False
+
+
+def _scan_dead_lanes_lost(sub, body, outs, eqn):
+    """``(what, liveness)`` when dead lanes of a scan's outputs vanish into
+    its conservatively live carries, else None.
+
+    The body is analysed once for every iteration, with its carries fully
+    live.  A partly dead final carry (``where(valid, fori_loop(...), 0)``) is
+    therefore never followed into the body; nor is a partly dead stacked
+    output ``ys`` whose body value also feeds the carry (an RNN's ``h``,
+    emitted and carried): there it joins the live carry and comes out live.
+    Which *iterations* are dead (the padded steps) is not expressible in one
+    body analysis, so those lanes reach the body's operations, and whatever
+    fed the scan, unguarded -- and the report must say so."""
+    ncarry = scan_layout(eqn.params, len(eqn.invars))[1]
+    for lv in outs[:ncarry]:
+        if lv.reaches_output and not lv.is_live:
+            return "final carry", lv
+    for j, lv in enumerate(outs[ncarry:]):
+        if not lv.reaches_output or lv.is_live:
+            continue
+        v = body.outvars[ncarry + j]
+        if is_literal(v):
+            continue
+        if sub.value_liveness(v).is_live:
+            return "stacked outputs", lv
+    return None
 
 
 class CustomCall(JaxRule):
