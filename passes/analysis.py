@@ -71,14 +71,22 @@ class Analysis:
     def selects_anywhere(self) -> bool:
         """Whether some use here or in a nested graph has lanes whose
         derivative is structurally zero (partly or wholly dead by a
-        selection): without one there is no dead region, so nothing in this
-        graph or below it is guarded in reverse mode."""
+        selection), or an output has (a caller's dead region that runs
+        through this graph): without one there is no dead region, so nothing
+        in this graph or below it is guarded in reverse mode.  The outputs
+        count on their own for a body that hands an input straight back:
+        ``x.real`` of a real array is ``jit(lambda a: a)``, with no use at
+        all, and its input is exactly as dead as its output."""
         found = self._selects_anywhere
         if found is None:
-            found = any(
-                lv.level is not Level.LIVE and lv.reaches_output
-                for lv in self.use_liveness.values()
-            ) or any(sub.selects_anywhere() for sub in self.subs.values())
+            found = (
+                any(
+                    lv.level is not Level.LIVE and lv.reaches_output
+                    for lv in self.use_liveness.values()
+                )
+                or any(lv.level is not Level.LIVE and lv.reaches_output for lv in self.out_liveness)
+                or any(sub.selects_anywhere() for sub in self.subs.values())
+            )
             self._selects_anywhere = found
         return found
 

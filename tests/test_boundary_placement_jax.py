@@ -653,3 +653,53 @@ def test_a_layer_norm_weight_under_padded_rows_gets_an_exact_gradient():
     w = jnp.array([1.0, 2.0, 3.0])
     assert np.isnan(np.asarray(jax.grad(loss)(w, PADDED))).all()
     np.testing.assert_array_equal(jax.grad(guard(loss))(w, PADDED), jax.grad(oracle)(w, PADDED))
+
+
+# -- a body that hands its input straight back ------------------------------------
+#
+# ``x.real`` of a real array (also ``jnp.real``, ``x.conj()``, a no-op
+# ``squeeze``/``ravel``) is ``jit(lambda a: a)``: no equation, so no use, and the
+# placement's shortcut "no partly dead use here or below: nothing to guard"
+# said the body's input had no hazard behind it, although the body's output
+# was partly dead and read by a hazard.  Every guard upstream of the call was
+# dropped and explain reported nothing to guard (found with optax's
+# ``tree.norm`` and ``abs_sq``, 2026-11-26).
+
+IDENTITIES = {
+    "real": lambda x: x.real,
+    "jnp.real": jnp.real,
+    "conj": lambda x: x.conj(),
+    "squeeze": jnp.squeeze,
+    "ravel": jnp.ravel,
+}
+
+
+@pytest.mark.parametrize("mode", sorted(modes("grad", "hessian", "jacfwd_grad")))
+@pytest.mark.parametrize("identity", sorted(IDENTITIES))
+def test_an_identity_call_keeps_the_dead_region_it_forwards(identity, mode):
+    ident = IDENTITIES[identity]
+
+    def f(x):
+        return jnp.sum(jnp.where(x > 0, jnp.sqrt(ident(x)), 0.0))
+
+    def oracle(x):
+        return jnp.sum(jnp.where(x > 0, jnp.sqrt(jnp.where(x > 0, x, 1.0)), 0.0))
+
+    assert_like_double_where(modes("grad", "hessian", "jacfwd_grad")[mode], f, oracle, X, atol=0)
+
+
+def test_an_identity_read_beside_a_direct_read_is_guarded_too():
+    """``x.real * x``: both reads of ``x`` (one through the identity call) get
+    the dead lanes of the ``maximum`` that clips the norm."""
+
+    def f(x):
+        return jnp.maximum(1.0, jnp.sqrt(jnp.sum(x.real * x)))
+
+    def oracle(x):
+        s = jnp.sum(x * x)
+        return jnp.maximum(1.0, jnp.sqrt(jnp.where(s > 1.0, s, 1.0)))
+
+    zero = jnp.zeros(3)
+    assert np.isnan(np.asarray(jax.grad(f)(zero))).all()
+    for d in (jax.grad, lambda h: jax.jit(jax.grad(h))):
+        np.testing.assert_array_equal(d(guard(f))(zero), d(oracle)(zero))

@@ -74,3 +74,34 @@ def test_jax_md_pair_energy_is_left_as_it_was():
         jitted = jax.jit(jax.grad(guard(e)))(positions)
         np.testing.assert_allclose(jitted, jax.jit(jax.grad(e))(positions), rtol=1e-5, atol=1e-3)
         assert not explain(e, positions).unguarded
+
+
+def test_optax_meta_gradient_through_gradient_clipping_at_zero_gradients():
+    """A meta-gradient (d loss after one update / d learning inputs) through
+    ``clip_by_global_norm`` and ``clip_by_block_rms`` when the gradients are
+    zero: the clip's ``where(norm < max, 1, max / norm)`` takes 1, and the
+    norm's ``sqrt'(0)`` is dead.  optax computes the norm through ``x.real``,
+    an identity call the placement used to lose the dead region in (NaN, and
+    a clean report); the oracle is the same step without the clip, which is
+    what the taken branch computes."""
+    optax = pytest.importorskip("optax")
+
+    params = jnp.array([0.5, -1.0, 2.0])
+    target = jnp.array([1.0, 0.0, 1.0])
+
+    def meta(opt):
+        def after_one_step(g):
+            updates, _ = opt.update(g, opt.init(params), params)
+            p = optax.apply_updates(params, updates)
+            return jnp.sum((p - target) ** 2)
+
+        return after_one_step
+
+    oracle = meta(optax.sgd(0.1))
+    zero = jnp.zeros(3)
+    for clip in (optax.clip_by_global_norm(1.0), optax.clip_by_block_rms(1.0)):
+        f = meta(optax.chain(clip, optax.sgd(0.1)))
+        assert np.isnan(np.asarray(jax.grad(f)(zero))).any()
+        want = np.asarray(jax.grad(oracle)(zero))
+        for d in (jax.grad, lambda h: jax.jit(jax.grad(h))):
+            np.testing.assert_allclose(np.asarray(d(guard(f))(zero)), want, rtol=1e-6)
