@@ -132,3 +132,28 @@ def test_static_module_fields_key_the_trace():
     np.testing.assert_array_equal(g(a, x, y), loss(a, x, y))
     np.testing.assert_array_equal(g(b, x, y), loss(b, x, y))
     assert float(g(a, x, y)) != float(g(b, x, y))
+
+
+def test_a_python_float_field_stays_a_python_float_as_under_filter_jit():
+    """``eqx.nn.Dropout(p=0.0)`` (inside every default ``MultiheadAttention``)
+    skips itself only while ``p`` is a Python float.  The guard traced it and
+    Dropout then asked for a key; a number that is a module's field is
+    configuration, static as ``eqx.filter_jit`` keeps it."""
+    drop = eqx.nn.Dropout(p=0.0)
+    x = jnp.array([1.0, 4.0, 0.0])
+
+    def loss(m, x):
+        return jnp.sum(jnp.where(x > 0, jnp.sqrt(m(x)), 0.0))
+
+    for wrap in (lambda f: f, eqx.filter_jit):
+        got = wrap(eqx.filter_grad(hg.guard(loss)))(drop, x)
+        assert got.p is None  # no derivative for configuration
+    mha = eqx.nn.MultiheadAttention(2, 4, key=jax.random.PRNGKey(0))
+    q = jnp.linspace(0.5, 2.0, 12).reshape(3, 4)
+
+    def attn_loss(m, q):
+        return jnp.sum(jnp.where(q > 1.0, jnp.log(jnp.abs(m(q, q, q))), 0.0))
+
+    got = eqx.filter_grad(hg.guard(attn_loss))(mha, q)
+    want = eqx.filter_grad(attn_loss)(mha, q)
+    np.testing.assert_allclose(got.query_proj.weight, want.query_proj.weight, rtol=1e-5)

@@ -7,9 +7,15 @@ array leaves and treat every other leaf as static, and users pass such
 pytrees straight to ``guard(loss)(model, x, y)``.  The guard does the same:
 
 * traced: JAX arrays and tracers, numeric numpy arrays and scalars, and Python
-  ints, floats and complex numbers (as ``jax.jit`` traces them;
-  ``eqx.filter_jit`` would make them static, but the guard has always traced
-  them, and changing that would re-trace on every new value);
+  ints, floats and complex numbers passed as arguments or in containers (as
+  ``jax.jit`` traces them; ``eqx.filter_jit`` would make them static, but a
+  number passed in is data, and static it would re-trace on every new value);
+* static: a Python number that is an *attribute* of a registered object (its
+  path holds a ``GetAttrKey``: an Equinox module's field, a registered
+  dataclass's).  There it is the model's configuration, and library code
+  branches on it in Python as ``eqx.filter_jit`` lets it: ``eqx.nn.Dropout``
+  with ``p = 0.0`` (inside every default ``MultiheadAttention``) skips itself
+  only while ``p`` is a Python float, and traced it demanded a key;
 * static: Python bools.  A bool carries no derivative and is nearly
   always a flag (``training=True``, a ``double_where`` switch) that the
   function branches on in Python; traced, it would raise a
@@ -138,6 +144,14 @@ _FUNCTIONS = (
 )
 
 
+def _configuration_number(path, leaf) -> bool:
+    """A Python number held as an attribute of a registered object (see the
+    module docstring): static, as ``eqx.filter_jit`` keeps it."""
+    if not isinstance(leaf, (int, float, complex)) or isinstance(leaf, bool):
+        return False
+    return any(isinstance(k, jax.tree_util.GetAttrKey) for k in path)
+
+
 def may_be_static(x: Any) -> bool:
     """Whether a non-array leaf is safe to bake into a trace (see the module
     docstring): a callable, a value, or an object without state."""
@@ -157,7 +171,7 @@ def split_leaves(
     traced = []
     static: list[tuple[int, StaticLeaf]] = []
     for i, (path, leaf) in enumerate(leaves_with_paths):
-        if is_traced_leaf(leaf):
+        if is_traced_leaf(leaf) and not _configuration_number(path, leaf):
             traced.append((path, leaf))
         elif not may_be_static(leaf):
             raise GuardUsageError(
