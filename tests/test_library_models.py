@@ -105,3 +105,39 @@ def test_optax_meta_gradient_through_gradient_clipping_at_zero_gradients():
         want = np.asarray(jax.grad(oracle)(zero))
         for d in (jax.grad, lambda h: jax.jit(jax.grad(h))):
             np.testing.assert_allclose(np.asarray(d(guard(f))(zero)), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["Dirichlet", "Beta"])
+def test_numpyro_concentration_gradient_with_rows_outside_the_support_masked(family):
+    """The concentration is broadcast over a batch whose masked rows lie
+    outside the support (``log(-0.1)``): ``(c - 1) * log(v)`` sums their
+    ``0 * nan`` into ``c``'s gradient.  jnp reaches that multiply through a
+    rank promotion (``broadcast_in_dim`` to ``[1, K]``), which used to carry
+    the guard away from the multiply (fixed 2026-11-26).  Oracle: the same
+    log-density of the valid rows alone."""
+    if family == "Dirichlet":
+        v = jnp.array([[0.2, 0.3, 0.5], [-0.1, 0.6, 0.5], [0.0, 0.5, 0.5]])
+        ok = jnp.array([True, False, False])
+        c = jnp.array([1.5, 2.0, 0.7])
+
+        def f(c):
+            return jnp.sum(jnp.where(ok, dist.Dirichlet(c).log_prob(v), 0.0))
+
+        def oracle(c):
+            return dist.Dirichlet(c).log_prob(v[0])
+
+    else:
+        xb = jnp.array([0.3, 0.7, 1.5, -0.2])
+        ok = (xb > 0) & (xb < 1)
+        c = jnp.array([2.0, 3.0])
+
+        def f(c):
+            return jnp.sum(jnp.where(ok, dist.Beta(c[0], c[1]).log_prob(xb), 0.0))
+
+        def oracle(c):
+            return jnp.sum(dist.Beta(c[0], c[1]).log_prob(xb[:2]))
+
+    assert np.isnan(np.asarray(jax.grad(f)(c))).any()
+    want = np.asarray(jax.grad(oracle)(c))
+    for d in (jax.grad, lambda h: jax.jit(jax.grad(h))):
+        np.testing.assert_allclose(np.asarray(d(guard(f))(c)), want, rtol=2e-6, atol=1e-7)
