@@ -175,3 +175,60 @@ def test_an_operand_broadcast_after_a_lane_local_step_is_guarded_at_the_op(opera
     assert not np.isfinite(np.asarray(xla_grads(fn, w)[0], np.float32)).all()
     assert_same(xla_grads(hg.guard(fn), w)[0], xla_grads(oracle, w)[0])
     assert_same(xla_grads(hg.guard(fn), w, jit=False)[0], xla_grads(oracle, w, jit=False)[0])
+
+
+# ``*_no_nan`` and ``x*`` ops: a ``where`` that picks 0 where an operand is 0.
+# A singular op upstream of them (``sqrt(p)`` at ``p = 0``) left TF's ``0 * inf``
+# in the XLA gradient with a clean report: the ops counted as plain nonlinear.
+
+_P = [0.0, 0.5, 0.25, 0.0]
+_T = [0.0, 1.0, 1.0, 0.0]
+
+
+def _zero_where_zero_cases():
+    sq = tf.sqrt
+    safe = lambda p, t: tf.where(tf.not_equal(t, 0.0), p, 1.0)  # noqa: E731
+    return {
+        "DivNoNan": (
+            lambda p, t: tf.math.divide_no_nan(t, sq(p)),
+            lambda p, t: tf.where(tf.not_equal(t, 0.0), t / sq(safe(p, t)), 0.0),
+        ),
+        "MulNoNan": (
+            lambda p, t: tf.math.multiply_no_nan(tf.math.log(p), t),
+            lambda p, t: tf.where(tf.not_equal(t, 0.0), tf.math.log(safe(p, t)) * t, 0.0),
+        ),
+        "Xdivy": (
+            lambda p, t: tf.math.xdivy(t, sq(p)),
+            lambda p, t: tf.where(tf.not_equal(t, 0.0), t / sq(safe(p, t)), 0.0),
+        ),
+        "Xlogy": (
+            lambda p, t: tf.math.xlogy(t, sq(p)),
+            lambda p, t: tf.where(tf.not_equal(t, 0.0), t * tf.math.log(sq(safe(p, t))), 0.0),
+        ),
+        "Xlog1py": (
+            lambda p, t: tf.math.xlog1py(t, sq(p) - 1.0),
+            lambda p, t: tf.where(tf.not_equal(t, 0.0), t * tf.math.log(sq(safe(p, t))), 0.0),
+        ),
+    }
+
+
+@pytest.mark.parametrize("op", sorted(_zero_where_zero_cases()))
+def test_ops_that_are_zero_where_an_operand_is_zero_select_like_a_where(op):
+    fn, oracle = _zero_where_zero_cases()[op]
+    p, t = tf.constant(_P), tf.constant(_T)
+    plain = xla_grads(fn, p, t)[0]
+    assert np.isnan(plain).any()
+    for jit in (True, False):
+        assert_same(xla_grads(hg.guard(fn), p, t, jit=jit)[0], xla_grads(oracle, p, t, jit=jit)[0])
+    np.testing.assert_array_equal(hg.guard(fn)(p, t).numpy(), fn(p, t).numpy())
+    # forward mode (TF's double backward), in ``p``
+    assert_same(jvp(hg.guard(lambda q: fn(q, t)), p), jvp(lambda q: oracle(q, t), p))
+
+
+def test_mul_no_nan_keeps_the_lane_tf_differentiates():
+    """``MulNoNan``'s ``y`` gets ``x * ct`` from TF even where ``y == 0``:
+    that lane is live, and its gradient is TF's own."""
+    x, y = tf.constant([2.0, 3.0]), tf.constant([0.0, 1.0])
+    fn = tf.math.multiply_no_nan
+    assert_same(xla_grads(hg.guard(fn), x, y), xla_grads(fn, x, y))
+    assert xla_grads(hg.guard(fn), x, y)[1][0] == 2.0

@@ -21,9 +21,9 @@ import numpy as np
 import tensorflow as tf
 
 import passes.rules as passes_rules
-from hlo_guard.tf.mask_ops import broadcast_like, reduce_to
-from hlo_guard.tf.rules.base import TFRule, forward_join, joined, n_inputs, or_all
-from passes.lattice import LIVE, NO_DERIVATIVE
+from hlo_guard.tf.mask_ops import and_, broadcast_like, normalize, reduce_to
+from hlo_guard.tf.rules.base import TFRule, dropping, forward_join, joined, n_inputs, or_all
+from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
 from passes.masks import ALL
 
 
@@ -70,6 +70,69 @@ class Elementwise(TFRule):
 
 def _const(t):
     return np.asarray(tf.get_static_value(t))
+
+
+class ZeroWhereOperandIsZero(Elementwise):
+    """``DivNoNan(x, y)`` and ``MulNoNan(x, y)`` are 0 where ``y == 0``,
+    ``Xdivy(x, y)``, ``Xlogy(x, y)`` and ``Xlog1py(x, y)`` where ``x == 0``:
+    a ``where`` that picks the constant 0 there.  TF's gradients agree: in
+    those lanes they multiply the cotangent by an exact 0 (``div_no_nan(ct,
+    y)``, ``xdivy(0, y)``, ``xlogy(0, y)``) -- except ``MulNoNan``'s ``y``,
+    whose gradient is ``x * ct`` (TF differentiates that lane, so it stays
+    live).  So the operands listed in ``dead`` are dead where the key operand
+    is zero, and a singular op *upstream* of them (``div_no_nan(t,
+    sqrt(p))`` at ``p = 0``) leaks ``0 * inf`` unless guarded, as behind any
+    ``where``.  Still a hazard itself (``x / y**2`` may overflow)."""
+
+    kind = "selection"
+
+    def __init__(self, key: int, dead: tuple[int, ...]):
+        super().__init__(guards=True)
+        self.key = key
+        self.dead = dead
+
+    def transfer(self, analysis, node, outs):
+        out = joined(outs)
+        lv = dropping(analysis, node, out)
+        return [lv if i in self.dead else out for i in range(n_inputs(analysis, node))]
+
+    def _nonzero(self, mctx, op):
+        out = mctx.shaped(op.outputs[0])
+        k = mctx.value(op.inputs[self.key])
+        return out, broadcast_like(normalize(tf.not_equal(k, tf.zeros([], k.dtype))), out)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        out, nonzero = self._nonzero(mctx, op)
+        full = or_all(out_masks)
+        return [
+            reduce_to(and_(full, nonzero) if i in self.dead else full, out, mctx.shaped(t))
+            for i, t in enumerate(op.inputs)
+        ]
+
+    def broadcast_operand_mask(self, mctx, node, op, index, out_masks):
+        full = or_all(out_masks)
+        if index not in self.dead:
+            return full
+        return and_(full, self._nonzero(mctx, op)[1])
+
+    def forward(self, fa, node, ins):
+        joined_in = joined(ins)
+        if not joined_in.reaches_output:
+            return [NO_DERIVATIVE]
+        return [partial_by(fa.graph.origin(node), joined_in)]
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        out, nonzero = self._nonzero(mctx, op)
+        return [
+            or_all(
+                [
+                    and_(broadcast_like(m, out), nonzero)
+                    if i in self.dead
+                    else broadcast_like(m, out)
+                    for i, m in enumerate(in_masks)
+                ]
+            )
+        ]
 
 
 class IdentityN(TFRule):
@@ -167,8 +230,6 @@ NONLINEAR = [
     "Mul",
     "RealDiv",
     "Div",
-    "DivNoNan",
-    "MulNoNan",
     "FloorMod",
     "Mod",
     "TruncateMod",
@@ -215,9 +276,6 @@ NONLINEAR = [
     "Elu",
     "Selu",
     "LeakyRelu",
-    "Xdivy",
-    "Xlogy",
-    "Xlog1py",
     "BesselI0e",
     "BesselI1e",
     "Angle",
@@ -275,6 +333,9 @@ SOURCES = ["Const", "Placeholder", "VarHandleOp", "ReadVariableOp", "NoOp"]
 def register(table):
     table.register(LINEAR, Elementwise(guards=False))
     table.register(NONLINEAR, Elementwise(guards=True))
+    table.register("DivNoNan", ZeroWhereOperandIsZero(key=1, dead=(0, 1)))
+    table.register("MulNoNan", ZeroWhereOperandIsZero(key=1, dead=(0,)))
+    table.register(["Xdivy", "Xlogy", "Xlog1py"], ZeroWhereOperandIsZero(key=0, dead=(0, 1)))
     table.register(ZERO_DERIVATIVE, ZeroDerivative())
     table.register(SOURCES, Source())
     table.register("IdentityN", IdentityN())
