@@ -149,3 +149,12 @@ def op_type_is_stateful(op_type: str) -> bool:
 
     op_def = op_def_registry.get(op_type)
     return True if op_def is None else bool(op_def.is_stateful)
+
+
+def copy_handle_data(source, target) -> None:
+    """Copy a resource tensor's handle data (the shape and dtype of the
+    variable behind it) onto another resource tensor, as TF's control-flow
+    code does for the arguments of the bodies it builds."""
+    from tensorflow.python.ops import handle_data_util
+
+    handle_data_util.copy_handle_data(source, target)

@@ -60,22 +60,32 @@ def with_masked_gradient(
     inner ``where`` does the same); forward mode goes through the same
     function (TF derives JVPs from it)."""
     n = len(inputs)
+    # the masks are inputs of the custom-gradient function, not tensors its
+    # gradient closes over: inside a ``tf.while_loop`` body (a Keras RNN with
+    # masking) the gradient is built in the loop's gradient graph, which can
+    # read a forward value only through an input of a forward op (TF then
+    # accumulates it per iteration); a closed-over mask was "out of scope"
+    mask_index = sorted(masks)
 
     @tf.custom_gradient
-    def contraction(*xs):
+    def contraction(*xs_and_masks):
+        xs = xs_and_masks[:n]
+        given = dict(zip(mask_index, xs_and_masks[n:]))
         out = copy_op(op, xs, name="hlo_guard_contraction").outputs
 
         def gradient(*dys):
             masked = [
-                tf.where(masks[i], x, tf.zeros_like(x)) if i in masks else x
+                tf.where(given[i], x, tf.zeros_like(x)) if i in given else x
                 for i, x in enumerate(xs)
             ]
             # never run forward: only its gradient (read off its inputs) is used
             twin = copy_op(op, masked, name="hlo_guard_contraction_twin")
             grads = tf.gradients(twin.outputs, masked, grad_ys=list(dys))
-            return [tf.zeros_like(x) if g is None else g for x, g in zip(xs, grads)]
+            return [tf.zeros_like(x) if g is None else g for x, g in zip(xs, grads)] + [None] * len(
+                mask_index
+            )
 
         return (out[0] if len(out) == 1 else out), gradient
 
-    result = contraction(*inputs[:n])
+    result = contraction(*inputs[:n], *(masks[i] for i in mask_index))
     return list(result) if isinstance(result, (list, tuple)) else [result]

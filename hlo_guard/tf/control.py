@@ -113,7 +113,7 @@ def guard_bodies(
                 fdef = fdefs.get(name)
                 if fdef is None:
                     continue
-                new_name, record = guard_function(
+                new_name, record, new_graph = guard_function(
                     build_body,
                     fdef,
                     inputs,
@@ -136,6 +136,14 @@ def guard_bodies(
                 names[k] = new_name
                 changed = True
                 results.append((op.name, label, record))
+                cached = _CACHED_GRAPH.get((op.type, attr))
+                if cached is not None:
+                    # TF differentiates the op through this Python graph,
+                    # where the guards' custom gradients close over their
+                    # masks; rebuilt from the FunctionDef, it would hold
+                    # other tensors, and the closures' masks would be "out of
+                    # scope" there (a Keras RNN with masking crashed)
+                    setattr(op, cached, new_graph)
             if not changed:
                 continue
             if isinstance(value, (list, tuple)):
@@ -143,6 +151,18 @@ def guard_bodies(
             else:
                 op._set_func_attr(attr, names[0])  # pylint: disable=protected-access
     return results
+
+
+#: (op type, function attribute) -> the attribute on which ``while_v2`` keeps
+#: the Python graph of that function.  Not ``cond_v2``'s branches: its
+#: gradient makes both branches return the same intermediates, which fails
+#: when one is this graph and the other is rebuilt from its FunctionDef (the
+#: branches are rebuilt, as before; a contraction guard inside a branch, whose
+#: custom gradient closes over its masks, is a known gap there)
+_CACHED_GRAPH = {
+    ("While", "body"): "_body_graph",
+    ("StatelessWhile", "body"): "_body_graph",
+}
 
 
 def _has_unguarded(record) -> bool:
@@ -161,8 +181,8 @@ def _changed(record) -> bool:
 def guard_function(
     build_body, fdef, inputs, library, body_locations, depth, out_liveness=None, tangents=None
 ):
-    """(name of a guarded copy of ``fdef`` added to the current graph, record),
-    or (None, record) when the body needs no guard."""
+    """(name of a guarded copy of ``fdef`` added to the current graph, record,
+    its Python graph), or (None, record, None) when the body needs no guard."""
     shapes = [t.shape for t in inputs]
     body_graph = compat.function_def_to_graph(fdef, input_shapes=shapes)
     body_def = body_graph.as_graph_def()
@@ -173,6 +193,14 @@ def guard_function(
     holder = {}
 
     def body(*args):
+        for outer, arg in zip(inputs, args):
+            # a variable's shape and dtype ride on its handle (a TensorList's
+            # element shape on its variant): without them a read inside the
+            # body has an unknown shape, and the gradient of a broadcasting
+            # op then computes its axes at run time, which XLA refuses ("must
+            # be a compile-time constant")
+            if arg.dtype in (tf.resource, tf.variant):
+                compat.copy_handle_data(outer, arg)
         outputs, record = build_body(
             body_def,
             in_names,
@@ -192,7 +220,7 @@ def guard_function(
     concrete = tf.function(body, input_signature=specs, autograph=False).get_concrete_function()
     record = holder["record"]
     if not _changed(record):
-        return None, record
+        return None, record, None
     graph = tf.compat.v1.get_default_graph()
     concrete.add_to_graph(graph)
-    return concrete.function_def.signature.name, record
+    return concrete.function_def.signature.name, record, concrete.graph

@@ -35,6 +35,7 @@ from hlo_guard.tf import compat, local_constants, output_guards, tangent_gaps
 from hlo_guard.tf.contractions import guarded_contractions, with_masked_gradient
 from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
+from hlo_guard.tf.loop_bodies import attach_shaped_bodies, copy_loop_handle_data
 from hlo_guard.tf.mask_broadcasts import is_one_bit
 from hlo_guard.tf.mask_ops import ALGEBRA, StaticShape
 from hlo_guard.tf.opcopy import copy_op, is_stateful, move_consumers
@@ -102,6 +103,7 @@ def _import(graph_def, input_map, output_names, scope):
     ops = tf.graph_util.import_graph_def(
         trimmed, input_map=used_map, return_elements=node_names, name=scope
     )
+    copy_loop_handle_data(ops)
     graph = tf.compat.v1.get_default_graph()
     prefix = (
         ops[0].name[: len(ops[0].name) - len(node_names[0])]
@@ -443,6 +445,7 @@ def build_guarded(
     outputs, record = _guard_graph(
         ops, outputs, traced.graph_def.library, traced.locations, traced.body_locations, prefix, 0
     )
+    attach_shaped_bodies(ops, traced.shaped_functions)
     if localize_constants:
         replaced = local_constants.localize(ops)
         outputs = [replaced.get(t.name, t) if isinstance(t, tf.Tensor) else t for t in outputs]

@@ -37,6 +37,11 @@ class TracedFunction:
     locations: dict[str, str] = field(default_factory=dict)
     #: locations of the ops of control-flow bodies, by body function name
     body_locations: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: the library's functions with their shapes recorded (``_output_shapes``
+    #: of every node, handle data of resource arguments), by name: what a
+    #: ``While`` gradient needs to rebuild its body with static shapes
+    #: (:func:`hlo_guard.tf.loop_bodies.attach_shaped_bodies`)
+    shaped_functions: dict[str, Any] = field(default_factory=dict)
 
 
 def inline_calls(concrete, fetch: Sequence[str]):
@@ -71,6 +76,12 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
     )
     body_locations: dict[str, dict[str, str]] = {}
     locations = _locations(graph, body_locations)
+    shaped = {}
+    if any(n.op in WHILE_OPS for n in graph_def.node) or any(
+        n.op in WHILE_OPS for f in graph_def.library.function for n in f.node_def
+    ):
+        library = graph.as_graph_def(add_shapes=True).library.function
+        shaped = {f.signature.name: f for f in library}
     return TracedFunction(
         concrete,
         graph_def,
@@ -80,7 +91,11 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
         control,
         locations,
         body_locations,
+        shaped,
     )
+
+
+WHILE_OPS = ("While", "StatelessWhile")
 
 
 def _structured_outputs(concrete) -> list:
