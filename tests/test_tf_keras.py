@@ -275,3 +275,27 @@ def test_a_dropout_model_with_a_transpose_is_compiled_once():
     assert any(" parameter(" in ln and "f32[6,4,3]" in ln for ln in entry.splitlines()), entry[:300]
     grads = step(x, y)
     assert all(np.isfinite(g.numpy()).all() for g in grads)
+
+
+def test_fit_a_masked_lstm_equals_the_double_where():
+    """``Embedding(mask_zero=True) -> LSTM``: Keras runs the LSTM as a
+    ``tf.while_loop`` whose body keeps the state on padded steps with a
+    ``where``, so the guard rewrites the body (a masked ``MatMul``).  Its
+    gradient crashed ("out of scope") until the rewritten body was kept on
+    the loop op (``tests/test_tf_loops_xla.py``)."""
+    tokens = np.array([[3, 5, 2, 0], [4, 1, 0, 0], [2, 2, 2, 2], [1, 0, 0, 0]], "int32")
+
+    def lstm(seed=0):
+        keras.utils.set_random_seed(seed)
+        return keras.Sequential(
+            [
+                keras.Input((4,), dtype="int32"),
+                keras.layers.Embedding(6, 3, mask_zero=True),
+                keras.layers.LSTM(4),
+            ]
+        )
+
+    kw = dict(x=tokens, y=np.ones((4, 4), "float32"), epochs=1)
+    guarded, _ = _fit(lstm(), masked_sqrt_loss, hook=True, **kw)
+    oracle, _ = _fit(lstm(), masked_sqrt_loss_oracle, hook=False, **kw)
+    _assert_same_weights(guarded, oracle)
