@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from passes.graph import Graph
-from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, partial_by
 from passes.rules import ForwardRule, RuleTable, conservative_transfer, implements
 
 Use = tuple[int, int]  # (node, input index)
@@ -136,6 +136,17 @@ def analyze(
             joined = join_all(outs)
             if not joined.is_live:
                 result.note_unreached(node, f"no rule for primitive '{name}'", joined)
+            elif any(v is not None and graph.carries_derivative(v) for v in inputs):
+                # fully live is conservative only for the lanes that arrive:
+                # the op may drop lanes itself (``scatter-max`` is a segment
+                # max), and its dead lanes would then go unguarded -- so it
+                # is reported whenever a derivative flows through it
+                result.note_unreached(
+                    node,
+                    f"no rule for primitive '{name}': treated as fully live; lanes it "
+                    "drops itself are not guarded",
+                    partial_by(graph.origin(node)),
+                )
         else:
             in_lv = rule.transfer(result, node, outs)
         for i, v in enumerate(inputs):

@@ -190,3 +190,118 @@ def test_optax_weighted_logsoftmax_with_padding_rows():
     assert np.isnan(jax.grad(f)(x)).any()
     np.testing.assert_array_equal(guard(f)(x), f(x))
     np.testing.assert_array_equal(jax.grad(guard(f))(x), jax.grad(oracle)(x))
+
+
+# -- a lane-wise body with a pass-through op; an iterative body -------------------
+
+
+def _log_with_barrier(barrier):
+    """A ``custom_jvp`` log whose body selects and holds a pass-through op
+    (``optimization_barrier`` or ``copy``), as ``jax.scipy.special.ndtri``'s
+    body does on jax 0.12."""
+
+    @jax.custom_jvp
+    def vlog(p):
+        inner = barrier(jnp.log(jnp.where(p == 0, 0.5, p)))
+        return jnp.where(p == 0, -jnp.inf, inner)
+
+    @vlog.defjvp
+    def _jvp(primals, tangents):
+        (p,), (t,) = primals, tangents
+        return vlog(p), t / p
+
+    return vlog
+
+
+BARRIERS = {"optimization_barrier": jax.lax.optimization_barrier, "copy": jnp.copy}
+
+
+@pytest.mark.parametrize("barrier", sorted(BARRIERS))
+def test_a_pass_through_op_keeps_a_custom_call_lane_wise(barrier):
+    """``optimization_barrier``/``copy`` hand each lane on: the call is still
+    lane-wise and its inputs get the outer ``where``'s dead lanes.  Taken as
+    non-lane-wise, the call's structure was 'not known' and the dead lanes
+    were dropped with a clean report."""
+    vlog = _log_with_barrier(BARRIERS[barrier])
+    x = jnp.array([0.0, 0.05, 0.3, 0.7])
+
+    def f(x):
+        return jnp.sum(jnp.where(x > 0.1, vlog(x), 0.0))
+
+    def oracle(x):
+        return jnp.sum(jnp.where(x > 0.1, vlog(jnp.where(x > 0.1, x, 1.0)), 0.0))
+
+    assert np.isnan(np.asarray(jax.grad(f)(x))).any()
+    for d in (jax.grad, jax.hessian):
+        np.testing.assert_array_equal(d(guard(f))(x), d(oracle)(x))
+
+
+def test_ndtri_under_a_where_gets_exact_zeros():
+    """The user's view of the case above (jax 0.12's ``ndtri``)."""
+    from jax.scipy.special import ndtri
+
+    x = jnp.array([0.0, 1.0, 0.3, 0.7])
+
+    def f(x):
+        return jnp.sum(jnp.where((x > 0) & (x < 1), ndtri(x), 0.0))
+
+    def oracle(x):
+        ok = (x > 0) & (x < 1)
+        return jnp.sum(jnp.where(ok, ndtri(jnp.where(ok, x, 0.5)), 0.0))
+
+    np.testing.assert_allclose(jax.grad(guard(f))(x), jax.grad(oracle)(x), rtol=1e-6)
+
+
+def test_a_custom_rule_around_a_loop_is_reported():
+    """An iterative solve behind a ``custom_jvp`` (optimistix's root find):
+    its rule differentiates the body again, where a selection's dead lanes
+    may leak -- reported, as for a ``custom_vjp``.  Formula rules are not."""
+
+    @jax.custom_jvp
+    def solve(a):
+        def step(i, y):
+            return jnp.where(a > 0, y - 0.5 * (y - jnp.sqrt(a)), y)
+
+        return jax.lax.fori_loop(0, 3, step, jnp.zeros_like(a))
+
+    @solve.defjvp
+    def _jvp(primals, tangents):
+        (a,), (t,) = primals, tangents
+        return solve(a), t
+
+    a = jnp.array([0.0, 1.0, 4.0])
+    hits = [
+        s for s in explain(lambda a: jnp.sum(solve(a)), a).unguarded if s.op == "custom_jvp_call"
+    ]
+    assert hits and "sqrt" in hits[0].reason
+    relu_hits = explain(lambda a: jnp.sum(jnp.sqrt(jax.nn.relu(a) + 1.0)), a).unguarded
+    assert not [s for s in relu_hits if s.op == "custom_jvp_call"]
+
+
+def test_an_operation_without_a_rule_is_reported_when_a_derivative_flows():
+    """``jax.ops.segment_max`` is a ``scatter-max``, which has no rule and
+    selects by itself: fully live is conservative only for the lanes that
+    arrive, so it is listed whenever a derivative flows through it (its
+    losing lanes' ``sqrt'(0)`` is NaN in the gradient, as without the guard)."""
+    d = jnp.array([0.0, 4.0, 1.0, 9.0])
+    ids = jnp.array([0, 0, 1, 1])
+
+    def f(d):
+        return jnp.sum(jax.ops.segment_max(jnp.sqrt(d), ids, num_segments=2))
+
+    (u,) = explain(f, d).unguarded
+    assert u.op == "scatter-max" and u.category == "no-rule"
+
+
+def test_approx_max_k_selects_like_top_k():
+    x = jnp.array([0.0, 4.0, 1.0, 9.0])
+
+    def f(x):
+        return jnp.sum(jax.lax.approx_max_k(jnp.sqrt(x), 2)[0])
+
+    def oracle(x):
+        keep = x >= 4.0
+        return jnp.sum(jnp.where(keep, jnp.sqrt(jnp.where(keep, x, 1.0)), 0.0))
+
+    assert np.isnan(np.asarray(jax.grad(f)(x))).any()
+    np.testing.assert_allclose(jax.grad(guard(f))(x), jax.grad(oracle)(x))

@@ -109,3 +109,30 @@ def test_optimistix_root_find_downstream_of_a_masked_sqrt():
     got = jax.grad(hg.guard(_root_of_masked_sqrt))(x)
     want = jax.grad(lambda v: _root_of_masked_sqrt(v, double_where=True))(x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_a_whole_optimistix_root_find_is_reported_and_diagnosed():
+    """Guarding the whole solve: optimistix's implicit-function rule is a
+    ``custom_jvp`` around a loop, which differentiates the residual again,
+    where its ``where``'s dead ``sqrt`` lane leaks.  That is reported (it was
+    silent: 'nothing to guard'); guarding the residual itself is exact.  And
+    ``diagnose`` runs (Equinox's ``nondifferentiable_backward`` refused the
+    zero cotangent diagnose handed it, one equation at a time)."""
+
+    def residual(y, a):
+        return jnp.where(a > 0, y - jnp.sqrt(a), y)
+
+    def residual_dw(y, a):
+        return jnp.where(a > 0, y - jnp.sqrt(jnp.where(a > 0, a, 1.0)), y)
+
+    def root(fn, a):
+        solver = optx.Newton(1e-6, 1e-6)
+        return optx.root_find(fn, solver, jnp.ones(3), a, max_steps=20).value.sum()
+
+    a = jnp.array([0.0, 1.0, 4.0])
+    whole = lambda a: root(residual, a)  # noqa: E731
+    hits = [s for s in hg.explain(whole, a).unguarded if s.op == "custom_jvp_call"]
+    assert hits and "sqrt" in hits[0].reason
+    inner = jax.grad(lambda a: root(hg.guard(residual), a))(a)
+    np.testing.assert_allclose(inner, jax.grad(lambda a: root(residual_dw, a))(a), rtol=1e-6)
+    assert hg.diagnose(whole, a).groups

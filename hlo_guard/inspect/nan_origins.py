@@ -305,9 +305,21 @@ def _eqn_vjp(eqn, invals, diff, cts_out):
         return [o for o, v in zip(outs, eqn.outvars) if _inexact(v.aval)]
 
     primals = [invals[i] for i in diff]
-    _, vjp = jax.vjp(of_diff, *primals)
     float_cts = [c for c, v in zip(cts_out, eqn.outvars) if _inexact(v.aval)]
-    return list(vjp(float_cts))
+    try:
+        _, vjp = jax.vjp(of_diff, *primals)
+        return list(vjp(float_cts))
+    except Exception as exc:  # an equation that refuses a cotangent of its own
+        # Equinox's ``nondifferentiable_backward`` (in every optimistix solve)
+        # raises on *any* cotangent, a zero one included; JAX's own grad never
+        # hands it one (its cotangent is a symbolic zero).  An all-zero
+        # cotangent carries nothing back, so the inputs' cotangents are zero.
+        if all(np.all(np.asarray(c) == 0) for c in float_cts):
+            return [jnp.zeros_like(p) for p in primals]
+        raise RuntimeError(
+            f"diagnose: the derivative of '{eqn.primitive.name}' cannot be taken on its "
+            f"own at this point ({exc})"
+        ) from exc
 
 
 def _note_reverse_exit(eqn, loc, invals, diff, cts_in, came_bad: Creation, found):

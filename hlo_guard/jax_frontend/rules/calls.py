@@ -315,7 +315,7 @@ class CustomCall(JaxRule):
         out = joined(outs)
         if not out.reaches_output:
             return [NO_DERIVATIVE] * len(eqn.invars)
-        if eqn.primitive.name == "custom_vjp_call":
+        if eqn.primitive.name == "custom_vjp_call" or _body_iterates(body_of(eqn)[0]):
             note_dead_hazards_in_body(analysis, node, eqn, out)
         if out.is_live:
             return [LIVE] * len(eqn.invars)
@@ -327,6 +327,15 @@ class CustomCall(JaxRule):
             return lvs
         body, _ = body_of(eqn)
         if not body_structure_known(body):
+            # the dead lanes stop here: which inputs they come from, only a
+            # body we cannot follow tells -- say so instead of staying silent
+            analysis.note_unreached(
+                node,
+                f"{eqn.primitive.name}: dead lanes of its outputs are not followed into "
+                "its body (an operation there moves lanes in a way the engine does not "
+                "follow); its inputs are kept fully live",
+                out.with_origin(analysis.graph.origin(node)),
+            )
             return [LIVE] * len(eqn.invars)
         # a body that also selects (optax's weighted_logsoftmax): its
         # reduce/broadcast structure, with the selections read as joins
@@ -451,6 +460,22 @@ def analysis_of_body(body, scope: str):
     return analyze(JaxprGraph(body, scope), RULES, [LIVE] * len(body.outvars))
 
 
+def _body_iterates(jaxpr) -> bool:
+    """Whether a custom call's primal body holds a loop (``while``/``scan``,
+    in nested calls too): an iterative solve (optimistix's root find, whose
+    implicit-function rule is a ``custom_jvp``).  Such a rule differentiates
+    the body's residual again, where dead lanes of a selection can leak, so
+    it is reported as a ``custom_vjp`` is; formula rules (``relu``,
+    ``logaddexp``) hold no loop and are not."""
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        if name in ("while", "scan"):
+            return True
+        if name in CALL_BODY_PARAM and _body_iterates(body_of(e)[0]):
+            return True
+    return False
+
+
 def _rule_may_zero_lanes(eqn) -> bool:
     """A lane-wise ``custom_jvp`` call whose primal body selects (``relu`` is
     ``max(x, 0)``): its rule may give an exact zero tangent in some lanes."""
@@ -538,7 +563,9 @@ def _selection_free_op(eqn):
     )
 
 
-_LANEWISE_KINDS = ("elementwise", "zero-derivative")
+#: pass-through ops (``optimization_barrier``, ``copy``: ``ndtri``'s body on
+#: jax 0.12) hand each lane on unchanged: lane-wise
+_LANEWISE_KINDS = ("elementwise", "zero-derivative", "pass-through")
 _LANEWISE_PRIMS = {"select_n", "max", "min", "clamp", "broadcast_in_dim"}
 _LANEWISE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> {shape: bool}
 

@@ -106,7 +106,6 @@ CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
             "scatter-mul",
             "scatter-max",
             "scatter-min",
-            "approx_top_k",
             "ragged_dot_general",
             "scaled_dot",
         )

@@ -46,7 +46,7 @@ STRUCTURE_PRIMS = {
     "reduce_prod",
     "dot_general",
 }
-_FOLLOWED_KINDS = ("elementwise", "zero-derivative", "identity")
+_FOLLOWED_KINDS = ("elementwise", "zero-derivative", "identity", "pass-through")
 _TABLE: list[RuleTable] = []
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> bool
 

@@ -731,6 +731,10 @@ def register(table):
         ["reduce_window_max", "reduce_window_min"], Structural(_always, value_dependent=True)
     )
     table.register("top_k", Structural(_always, value_dependent=True))
+    # lax.approx_max_k/approx_min_k: JAX differentiates it as top_k (a gather
+    # of the chosen lanes); the probe runs the op itself, so its choice is the
+    # forward's choice even where the search is approximate
+    table.register("approx_top_k", Structural(_always, value_dependent=True))
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register(["reduce_prod"], Structural(guards=True, seed=_as_reduce_sum))
     table.register(
