@@ -26,6 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from hlo_guard.tf import compat
+from hlo_guard.tf.tracing import WHILE_OPS
 
 _GRAPH_ATTRS = (("cond", "_cond_graph"), ("body", "_body_graph"))
 
@@ -38,7 +39,7 @@ def copy_loop_handle_data(ops: Iterable[Any]) -> None:
     loop's output has no handle data, and its gradient fails ("a variable
     without handle data")."""
     for op in ops:
-        if op.type not in ("While", "StatelessWhile"):
+        if op.type not in WHILE_OPS:
             continue
         for source, target in zip(op.inputs, op.outputs):
             if target.dtype in (tf.resource, tf.variant):
@@ -53,7 +54,7 @@ def attach_shaped_bodies(ops: Iterable[Any], shaped_functions: dict[str, Any]) -
         return 0
     done = 0
     for op in ops:
-        if op.type not in ("While", "StatelessWhile"):
+        if op.type not in WHILE_OPS:
             continue
         names = {attr: op.get_attr(attr).name for attr, _ in _GRAPH_ATTRS}
         if not all(n in shaped_functions for n in names.values()):
