@@ -1,7 +1,14 @@
 """Differential fuzzing: random jnp programs, guarded, against a per-lane oracle.
 
 Each example is a random expression tree (see ``fuzzlib``) over two input
-vectors drawn to hit 0, +-1, +-inf, NaN, huge and tiny values.  The guarded
+vectors drawn to hit 0, +-1, +-inf, NaN, huge and tiny values.  In about a
+third of the programs nodes are wrapped in identity calls (``x.real``,
+``jnp.real``, ``x.conj()``, ``jnp.squeeze``, ``jnp.ravel``: a ``jit`` whose body
+returns its input), and about half read a 0-d differentiable input
+``s`` -- weak-typed, a Python float, float32, bfloat16 or float16, so that a
+``convert_element_type`` may stand between it and the binary ops that broadcast
+it -- whose derivative is the sum of the lanes' (the oracle differentiates one
+copy of ``s`` per lane).  The guarded
 program must (1) compute bitwise the same forward values as the unguarded one,
 (2) have the derivative of the lane-by-lane Python-``if`` oracle, in which an
 unselected branch never runs (reverse mode eager and jitted, and forward mode),
@@ -22,8 +29,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fuzzlib.checks import check_forward_mode, check_program
-from fuzzlib.program import Binary, Clip, Const, Gather, Leaf, Reduce, SetAt, Unary, Where
-from fuzzlib.strategies import input_vectors, programs
+from fuzzlib.program import (
+    IDENTITY,
+    SCALAR_KINDS,
+    Binary,
+    Clip,
+    Const,
+    Gather,
+    Identity,
+    Leaf,
+    Reduce,
+    Scalar,
+    ScalarInput,
+    SetAt,
+    Unary,
+    Where,
+)
+from fuzzlib.strategies import input_vectors, programs, scalar_inputs
 from hypothesis import HealthCheck, given, seed, settings
 
 EXAMPLES = int(os.environ.get("HLO_GUARD_FUZZ_EXAMPLES", "60"))
@@ -49,23 +71,27 @@ def _seeded(test):
 
 @_seeded
 @FUZZ_SETTINGS
-@given(root=programs(), x=input_vectors(), y=input_vectors())
-def test_guarded_program_matches_lane_oracle(root, x, y):
-    check_program(root, x, y, jit=False)
+@given(root=programs(extras=True), x=input_vectors(), y=input_vectors(), s=scalar_inputs())
+def test_guarded_program_matches_lane_oracle(root, x, y, s):
+    check_program(root, x, y, s, jit=False)
 
 
 @_seeded
 @settings(FUZZ_SETTINGS, max_examples=max(1, EXAMPLES // 6))
-@given(root=programs(max_depth=3), x=input_vectors(), y=input_vectors())
-def test_guarded_jit_program_matches_lane_oracle(root, x, y):
-    check_program(root, x, y, jit=True)
+@given(
+    root=programs(max_depth=3, extras=True), x=input_vectors(), y=input_vectors(), s=scalar_inputs()
+)
+def test_guarded_jit_program_matches_lane_oracle(root, x, y, s):
+    check_program(root, x, y, s, jit=True)
 
 
 @_seeded
 @settings(FUZZ_SETTINGS, max_examples=max(1, EXAMPLES // 6))
-@given(root=programs(max_depth=3), x=input_vectors(), y=input_vectors())
-def test_guarded_program_forward_mode_matches_lane_oracle(root, x, y):
-    check_forward_mode(root, x, y)
+@given(
+    root=programs(max_depth=3, extras=True), x=input_vectors(), y=input_vectors(), s=scalar_inputs()
+)
+def test_guarded_program_forward_mode_matches_lane_oracle(root, x, y, s):
+    check_forward_mode(root, x, y, s)
 
 
 # -- the checks themselves can fail -----------------------------------------------------
@@ -81,7 +107,22 @@ LEAKING = {
     "gather-drops-log": Gather(Unary("log", Leaf("x")), (2, 3)),
     "max-reduce-arccos": Reduce("max", Unary("arccos", Binary("sub", Leaf("x"), Const(1.0, 1)))),
     "set-overwrites-div": SetAt(Binary("div", Leaf("y"), Leaf("x")), (0, 1), Const(0.0, 1)),
+    # the dead region passes through an identity call (jit(lambda a: a))
+    "where-sqrt-of-real": Where(
+        "gt", Leaf("x"), Const(0.0, 4), Unary("sqrt", Identity("real", Leaf("x"))), Const(0.0, 4)
+    ),
+    # d/ds sums s' lanes: the dead lane's 0 * -inf (log(0)) goes into it
+    "where-scalar-times-log": Where(
+        "gt",
+        Leaf("x"),
+        Const(0.0, 1),
+        Binary("mul", Scalar(4), Unary("log", Leaf("x"))),
+        Const(0.0, 1),
+    ),
 }
+
+#: the scalar input of the LEAKING programs that read one
+S = ScalarInput("weak", 0.5)
 
 
 def _strong_zero(f):
@@ -106,9 +147,34 @@ def _strong_zero(f):
 def test_checks_fail_on_plain_jax_and_pass_guarded(name):
     root = LEAKING[name]
     with pytest.raises(AssertionError, match="oracle"):
-        check_program(root, X, Y, jit=False, guard=lambda f: f, guarded_jit=jax.jit)
-    check_program(root, X, Y, jit=True)
-    check_forward_mode(root, X, Y)
+        check_program(root, X, Y, S, jit=False, guard=lambda f: f, guarded_jit=jax.jit)
+    check_program(root, X, Y, S, jit=True)
+    check_forward_mode(root, X, Y, S)
+
+
+@pytest.mark.parametrize("kind", SCALAR_KINDS)
+def test_every_kind_of_scalar_input_leaks_in_plain_jax_and_is_exact_guarded(kind):
+    """``s * log(v)`` where ``x > 0``, ``v`` a constant vector with a 0 in a
+    dead lane: plain JAX's d/ds sums that lane's ``0 * -inf``, whatever way
+    ``s`` is passed, while every other derivative is exact (the check must
+    fail on d/ds itself)."""
+    v = SetAt(Const(1.0, 4), (0,), Const(0.0, 1))
+    root = Where(
+        "gt", Leaf("x"), Const(0.0, 1), Binary("mul", Scalar(4), Unary("log", v)), Const(0.0, 1)
+    )
+    s = ScalarInput(kind, 0.5)
+    with pytest.raises(AssertionError, match="grad wrt s"):
+        check_program(root, X, Y, s, jit=False, guard=lambda f: f)
+    check_program(root, X, Y, s, jit=True)
+    check_forward_mode(root, X, Y, s)
+
+
+@pytest.mark.parametrize("op", sorted(IDENTITY))
+def test_every_identity_call_is_a_pass_through_for_the_checks(op):
+    root = Where("gt", Leaf("x"), Const(0.0, 4), Unary("log", Identity(op, Leaf("x"))), Leaf("y"))
+    with pytest.raises(AssertionError, match="oracle"):
+        check_program(root, X, Y, jit=False, guard=lambda f: f)
+    check_program(root, X, Y, jit=False)
 
 
 def test_checks_catch_a_guard_that_hides_genuine_singularities():

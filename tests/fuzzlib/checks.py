@@ -3,7 +3,9 @@
 1. forward bitwise identical to the unguarded program, eager and under jit;
 2. ``jax.grad`` of the guarded program equals the lane-by-lane oracle
    (NaN == NaN, inf == inf -- sign not compared, see ``mismatches`` --, allclose
-   otherwise), eager and jit; forward mode (``jax.jacfwd``) as well;
+   otherwise), eager and jit; forward mode (``jax.jacfwd``) as well; the
+   derivative wrt the scalar input ``s``, when the program reads one, equals
+   the sum of the oracle's per-lane contributions (:func:`scalar_mismatch`);
 3. every lane where the oracle's derivative is non-finite (a singularity on a
    taken path) is non-finite in the guarded derivative too -- implied by 2,
    checked on its own so a failure names the contract clause it breaks.
@@ -18,7 +20,7 @@ from hypothesis import event
 
 import hlo_guard
 from fuzzlib import oracle, vectorized
-from fuzzlib.program import to_source
+from fuzzlib.program import to_source, uses_scalar
 
 RTOL = 2e-5
 ATOL = 1e-6
@@ -66,11 +68,40 @@ def assert_grads_match(actual, expected, what, rtol=RTOL, atol=ATOL):
         )
 
 
-def describe(root, x, y) -> str:
-    return (
+def describe(root, x, y, s=None) -> str:
+    text = (
         f"program: {to_source(root)}\n  x = np.array({x.tolist()!r}, np.float32)"
         f"\n  y = np.array({y.tolist()!r}, np.float32)"
     )
+    if s is not None and uses_scalar(root):
+        text += f"\n  s = {s.source()}"
+    return text
+
+
+def scalar_mismatch(actual, contributions, rtol=RTOL, atol=ATOL) -> bool:
+    """Whether the derivative wrt the scalar input disagrees with every
+    candidate sum of the oracle's per-lane contributions
+    (:func:`fuzzlib.oracle.scalar_gradient`; NaN==NaN, inf==inf as in
+    :func:`mismatches`).  Finite values are compared within ``rtol`` (plus
+    twice the dtype's epsilon) of the contributions' summed magnitudes: the
+    program sums them in float32, in an order of its own, and may round them
+    to a bfloat16 or float16 ``s``."""
+    actual = np.asarray(actual)
+    candidates, scale = oracle.scalar_gradient(contributions, actual.dtype)
+    rtol = rtol + 2 * float(jnp.finfo(actual.dtype).eps)
+    if np.isfinite(scale):
+        atol = atol + rtol * scale
+    return all(bool(mismatches(actual, want, rtol=rtol, atol=atol)) for want in candidates)
+
+
+def assert_scalar_grad_matches(actual, contributions, what):
+    if scalar_mismatch(actual, contributions):
+        candidates, _ = oracle.scalar_gradient(contributions, np.asarray(actual).dtype)
+        raise AssertionError(
+            f"{what}: derivative differs from the oracle's sum over lanes\n"
+            f"  got    {np.asarray(actual)!r}\n  oracle {candidates[0]!r}"
+            f" = sum of the lanes' {[c.tolist() for c in contributions]!r}"
+        )
 
 
 def _note(message):
@@ -82,39 +113,44 @@ def _note(message):
 
 
 def loss_of(fn):
-    return lambda x, y: jnp.sum(fn(x, y))
+    return lambda *args: jnp.sum(fn(*args))
 
 
-def check_program(root, x, y, *, jit=True, guard=None, guarded_jit=None):
+def check_program(root, x, y, s=None, *, jit=True, guard=None, guarded_jit=None):
     """Run every check on one program; raise AssertionError naming the failure.
 
     ``guard``/``guarded_jit`` default to hlo_guard's; passing ``lambda f: f`` and
     ``jax.jit`` checks plain JAX instead (which must fail on leaking programs --
-    how the tests show the checks can fail)."""
+    how the tests show the checks can fail).  ``s``: the scalar input (a
+    :class:`fuzzlib.program.ScalarInput`), when the program reads one."""
     try:
         _check(
             root,
             x,
             y,
+            s,
             jit=jit,
             guard=guard or hlo_guard.guard,
             guarded_jit=guarded_jit or hlo_guard.guarded_jit,
         )
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{describe(root, x, y)}") from None
+        raise AssertionError(f"{exc}\n{describe(root, x, y, s)}") from None
 
 
-def _check(root, x, y, *, jit, guard, guarded_jit):
+def _check(root, x, y, s, *, jit, guard, guarded_jit):
     plain = vectorized.as_function(root)
     guarded = guard(plain)
-    xj, yj = jnp.asarray(x), jnp.asarray(y)
+    args = vectorized.arguments(root, x, y, s)
+    argnums = tuple(range(len(args)))
 
-    assert_bitwise_equal(guarded(xj, yj), plain(xj, yj), "eager forward")
+    assert_bitwise_equal(guarded(*args), plain(*args), "eager forward")
 
-    _, ox, oy = oracle.value_and_grad(root, x, y)
-    gx, gy = jax.grad(loss_of(guarded), argnums=(0, 1))(xj, yj)
+    _, ox, oy, os_ = oracle.value_and_grad(root, x, y, s)
+    gx, gy, *gs = jax.grad(loss_of(guarded), argnums=argnums)(*args)
     assert_grads_match(gx, ox, "eager grad wrt x")
     assert_grads_match(gy, oy, "eager grad wrt y")
+    if gs:
+        assert_scalar_grad_matches(gs[0], os_, "eager grad wrt s")
     for got, want, name in ((gx, ox, "x"), (gy, oy, "y")):
         hidden = ~np.isfinite(want) & np.isfinite(np.asarray(got))
         assert not hidden.any(), (
@@ -123,18 +159,20 @@ def _check(root, x, y, *, jit, guard, guarded_jit):
 
     if jit:
         gj = guarded_jit(plain)
-        plain_jit = jax.jit(plain)(xj, yj)
-        assert_bitwise_equal(gj(xj, yj), plain_jit, "jit forward")
+        plain_jit = jax.jit(plain)(*args)
+        assert_bitwise_equal(gj(*args), plain_jit, "jit forward")
         # XLA's compiled kernels (and constant folding) may round a compared value
         # differently from the eager ones, so the jitted program may take other
         # branches: its oracle decides on the jitted program's own values
-        _, jox, joy = oracle.value_and_grad(root, x, y, jit=True)
-        jx, jy = jax.jit(jax.grad(loss_of(gj), argnums=(0, 1)))(xj, yj)
+        _, jox, joy, jos = oracle.value_and_grad(root, x, y, s, jit=True)
+        jx, jy, *js = jax.jit(jax.grad(loss_of(gj), argnums=argnums))(*args)
         assert_grads_match(jx, jox, "jit grad wrt x")
         assert_grads_match(jy, joy, "jit grad wrt y")
+        if js:
+            assert_scalar_grad_matches(js[0], jos, "jit grad wrt s")
 
 
-def check_forward_mode(root, x, y, *, guard=None):
+def check_forward_mode(root, x, y, s=None, *, guard=None):
     """Forward mode: ``jax.jacfwd`` of the guarded program's summed output equals
     the oracle's gradient (the same numbers, pushed forward one basis tangent at a
     time).  Forward mode through ``maximum``/``clip``/``max`` multiplies a tangent
@@ -142,9 +180,12 @@ def check_forward_mode(root, x, y, *, guard=None):
     guard = guard or hlo_guard.guard
     try:
         plain = vectorized.as_function(root)
-        xj, yj = jnp.asarray(x), jnp.asarray(y)
-        _, ox, oy = oracle.value_and_grad(root, x, y)
-        if not (np.isfinite(ox).all() and np.isfinite(oy).all()):
+        args = vectorized.arguments(root, x, y, s)
+        _, ox, oy, os_ = oracle.value_and_grad(root, x, y, s)
+        finite = np.isfinite(ox).all() and np.isfinite(oy).all()
+        if os_ is not None:
+            finite = finite and np.isfinite(oracle.scalar_gradient(os_, np.float32)[0][0])
+        if not finite:
             # jacfwd pushes a basis tangent that is 0 (not a symbolic zero) in the
             # other lanes; with a genuine singularity in a *live* lane that is
             # 0 * inf = NaN, summed into every column -- in plain JAX and in the
@@ -152,15 +193,18 @@ def check_forward_mode(root, x, y, *, guard=None):
             # scalarised oracle avoids it, so such examples are not comparable.
             _note("oracle derivative non-finite: forward mode not compared")
             return
-        if np.isnan(np.asarray(plain(xj, yj))).any():
+        if np.isnan(np.asarray(plain(*args))).any():
             # A NaN forward value (a genuine NaN reaching a max): JAX's own
             # reduce_max JVP divides by the number of lanes equal to the max, 0
             # when the max is NaN -- NaN in plain JAX, guarded_jit and eager
             # guard(f) alike, whatever the scalarised oracle's max says.
             _note("NaN forward value: forward mode not compared")
             return
-        fx, fy = jax.jacfwd(loss_of(guard(plain)), argnums=(0, 1))(xj, yj)
+        argnums = tuple(range(len(args)))
+        fx, fy, *fs = jax.jacfwd(loss_of(guard(plain)), argnums=argnums)(*args)
         assert_grads_match(fx, ox, "jacfwd wrt x")
         assert_grads_match(fy, oy, "jacfwd wrt y")
+        if fs:
+            assert_scalar_grad_matches(fs[0], os_, "jacfwd wrt s")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{describe(root, x, y)}") from None
+        raise AssertionError(f"{exc}\n{describe(root, x, y, s)}") from None

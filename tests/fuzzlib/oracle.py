@@ -28,11 +28,18 @@ genuinely live:
 * ``sum``/``mean`` read every lane; they are computed by JAX over the stacked
   lanes so the value is bit-for-bit the vectorised one (branch decisions
   downstream must see the same numbers).
+
+An identity call (``x.real``, ``jnp.squeeze``, ...) is its operand's lane.
+
+The scalar input ``s`` gets a separate float32 copy in every lane of every
+:class:`Scalar` node that reads it (whatever dtype the program is passed: all
+of them promote to float32 exactly, so the lanes compute the program's
+values); ``d/ds`` is then the sum of the copies' derivatives, each the
+derivative of a lane that was taken.  :func:`value_and_grad` returns the
+copies' derivatives, grouped by node, and :func:`scalar_gradient` sums them.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -47,13 +54,16 @@ from fuzzlib.program import (
     Concat,
     Const,
     Gather,
+    Identity,
     Leaf,
     N,
     Reduce,
+    Scalar,
     SetAt,
     Slice,
     Unary,
     Where,
+    children,
 )
 from fuzzlib.vectorized import decisions_of
 
@@ -93,7 +103,9 @@ def _reduce_choose(op, lanes, values):
 class LaneEvaluator:
     """Evaluates lanes on demand (memoised), so only taken branches run."""
 
-    def __init__(self, env: dict[str, Sequence], dtype, decisions: dict):
+    def __init__(self, env: dict, dtype, decisions: dict):
+        #: ``"x"``/``"y"``: the lanes of the inputs; ``"s"``: the copy of the
+        #: scalar input for each ``(id(Scalar node), lane)``
         self.env = env
         self.dtype = dtype
         #: what each selection compared, from the vectorised program's values
@@ -116,8 +128,12 @@ class LaneEvaluator:
             return self.env[node.name][i]
         if isinstance(node, Const):
             return jnp.asarray(node.value, self.dtype)
+        if isinstance(node, Scalar):
+            return self.env["s"][(id(node), i)]
         if isinstance(node, Unary):
             return UNARY[node.op](lane(node.a, i))
+        if isinstance(node, Identity):
+            return lane(node.a, i)
         if isinstance(node, Binary):
             a, b = lane(node.a, i), lane(node.b, i)
             if node.op in ("maximum", "minimum"):
@@ -152,27 +168,75 @@ class LaneEvaluator:
         raise TypeError(type(node).__name__)
 
 
-def evaluate(root, xs, ys, decisions: dict, dtype=jnp.float32) -> list:
-    ev = LaneEvaluator({"x": list(xs), "y": list(ys)}, dtype, decisions)
+def scalar_nodes(root) -> list:
+    """The :class:`Scalar` nodes of the tree, each once, in a fixed order."""
+    found: dict = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(children(node))
+        if isinstance(node, Scalar):
+            found[id(node)] = node
+    return list(found.values())
+
+
+def evaluate(root, xs, ys, decisions: dict, dtype=jnp.float32, s_copies=None) -> list:
+    env = {"x": list(xs), "y": list(ys), "s": s_copies or {}}
+    ev = LaneEvaluator(env, dtype, decisions)
     return [ev.lane(root, i) for i in range(root.length)]
 
 
-def value_and_grad(root, x: np.ndarray, y: np.ndarray, *, jit: bool = False):
+def value_and_grad(root, x: np.ndarray, y: np.ndarray, s=None, *, jit: bool = False):
     """Oracle forward lanes and d(sum of lanes)/d(x, y), each lane differentiated
     only through what the per-lane ``if`` evaluation actually computed.  Branch
     decisions come from the vectorised program's own values (eager, or compiled
-    with ``jit``): oracle and program can then differ only in derivatives."""
+    with ``jit``): oracle and program can then differ only in derivatives.
+
+    The fourth result is None when the program does not read the scalar input
+    ``s`` (a :class:`fuzzlib.program.ScalarInput`), else the derivative of each
+    copy of it, one array per :class:`Scalar` node (:func:`scalar_nodes`) with
+    one entry per lane: the lanes' contributions to d/ds, which
+    :func:`scalar_gradient` sums."""
     dtype = x.dtype
-    decisions = decisions_of(root, x, y, jit=jit)
+    decisions = decisions_of(root, x, y, s, jit=jit)
+    keys = [(id(node), i) for node in scalar_nodes(root) for i in range(node.length)]
 
     def loss(*scalars):
-        outs = evaluate(root, scalars[:N], scalars[N:], decisions, dtype)
+        copies = dict(zip(keys, scalars[2 * N :]))
+        outs = evaluate(root, scalars[:N], scalars[N : 2 * N], decisions, dtype, copies)
         total = outs[0]
         for o in outs[1:]:
             total = total + o
         return total, jnp.stack(outs)
 
     scalars = [jnp.asarray(v, dtype) for v in list(x) + list(y)]
-    grads, values = jax.grad(loss, argnums=tuple(range(2 * N)), has_aux=True)(*scalars)
+    # float32 copies of the value every kind of ``s`` promotes to (exactly)
+    scalars += [jnp.asarray(s.value, dtype) for _ in keys]
+    grads, values = jax.grad(loss, argnums=tuple(range(len(scalars))), has_aux=True)(*scalars)
     grads = np.array([np.asarray(g) for g in grads], dtype=dtype)
-    return np.asarray(values), grads[:N], grads[N:]
+    gs = None
+    if keys:
+        offsets = np.cumsum([0] + [node.length for node in scalar_nodes(root)])
+        lanes = grads[2 * N :]
+        gs = [lanes[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    return np.asarray(values), grads[:N], grads[N : 2 * N], gs
+
+
+def scalar_gradient(contributions, dtype) -> tuple[list[np.ndarray], float]:
+    """d/ds from the lanes' contributions (one array per :class:`Scalar` node),
+    in ``dtype``, the dtype of the program's derivative: the candidates, and
+    the sum of the contributions' magnitudes (the scale of the rounding a
+    float32 sum in another order makes; the comparison's tolerance is relative
+    to it).  Each node's lanes are summed in float32 by the program, but a
+    bfloat16/float16 ``s`` has its cotangent rounded to its dtype at each
+    node's ``convert_element_type`` before the nodes' are added -- eagerly;
+    under ``jit`` XLA may keep the excess precision.  So two candidates: the
+    whole sum rounded once, and the sum of the nodes' rounded sums (they
+    differ when a node's sum overflows a float16)."""
+    groups = [np.asarray(c, np.float64) for c in contributions]
+    with np.errstate(invalid="ignore", over="ignore"):
+        once = np.asarray(sum(g.sum() for g in groups)).astype(dtype)
+        rounded = [np.asarray(g.sum()).astype(dtype).astype(np.float64) for g in groups]
+        per_node = np.asarray(sum(rounded)).astype(dtype)
+        scale = float(sum(np.abs(g).sum() for g in groups))
+    return [once, per_node], scale

@@ -1,7 +1,10 @@
 """Random programs as small expression trees over 1-d float vectors.
 
 A program is a tree of frozen dataclasses.  Every node has a static length;
-the inputs ``x`` and ``y`` have length :data:`N`.  The same tree is interpreted
+the inputs ``x`` and ``y`` have length :data:`N`.  A program may also read a
+third, 0-d differentiable input ``s`` (:class:`Scalar`, an operand of a
+:class:`Binary`), passed as one of the :data:`SCALAR_KINDS` (weak-typed, a
+Python float, float32, bfloat16 or float16).  The same tree is interpreted
 twice, by code that shares nothing with hlo_guard:
 
 * :mod:`fuzzlib.vectorized` -- the program under test, built from ``jnp``
@@ -16,6 +19,7 @@ two interpretations differ -- are written separately in each.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -76,6 +80,70 @@ COMPARE = {
 
 REDUCE = ("sum", "mean", "max", "min")
 
+#: Calls that hand a real 1-d array straight back: each traces to a ``jit``
+#: whose body returns its input (``jit[name=real]{ lambda ; a. let in (a,) }``).
+#: ``squeeze`` is a no-op only on a length > 1 vector (the generator keeps it so).
+IDENTITY = {
+    "real": lambda a: a.real,
+    "jnp.real": jnp.real,
+    "conj": lambda a: a.conj(),
+    "squeeze": jnp.squeeze,
+    "ravel": jnp.ravel,
+}
+IDENTITY_SOURCE = {
+    "real": "{}.real",
+    "jnp.real": "jnp.real({})",
+    "conj": "{}.conj()",
+    "squeeze": "jnp.squeeze({})",
+    "ravel": "jnp.ravel({})",
+}
+
+#: How the scalar input ``s`` is passed: its dtype, and whether JAX inserts a
+#: ``convert_element_type`` before it meets a float32 vector (all but ``f32``):
+#:
+#: * ``weak``: ``jnp.asarray(v)`` of a Python float (float32, weak_type=True);
+#: * ``python``: the Python float itself, as an argument (traced weak float32);
+#: * ``f32``: ``jnp.asarray(v, jnp.float32)`` (weak_type=False);
+#: * ``bf16``/``f16``: a bfloat16/float16 scalar (promoted to float32, exactly).
+SCALAR_KINDS = ("weak", "python", "f32", "bf16", "f16")
+SCALAR_DTYPES = {
+    "weak": jnp.float32,
+    "python": jnp.float32,
+    "f32": jnp.float32,
+    "bf16": jnp.bfloat16,
+    "f16": jnp.float16,
+}
+
+
+def _py_float(v: float) -> str:
+    return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
+
+
+@dataclass(frozen=True)
+class ScalarInput:
+    """The value of the input ``s`` and how it is passed.  ``value`` is exactly
+    representable in the kind's dtype, so every kind promotes to the same
+    float32 number: the oracle computes with that float32 value."""
+
+    kind: str  # one of SCALAR_KINDS
+    value: float
+
+    def arg(self):
+        """The argument handed to the program (and to ``jax.grad`` of it)."""
+        if self.kind == "python":
+            return self.value
+        if self.kind == "weak":
+            return jnp.asarray(self.value)
+        return jnp.asarray(self.value, SCALAR_DTYPES[self.kind])
+
+    def source(self) -> str:
+        v = _py_float(self.value)
+        if self.kind == "python":
+            return v
+        if self.kind == "weak":
+            return f"jnp.asarray({v})"
+        return f"jnp.asarray({v}, jnp.{jnp.dtype(SCALAR_DTYPES[self.kind]).name})"
+
 
 @dataclass(frozen=True)
 class Leaf:
@@ -98,6 +166,31 @@ class Const:
 
 @dataclass(frozen=True)
 class Unary:
+    op: str
+    a: Node
+
+    @property
+    def length(self):
+        return self.a.length
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """The 0-d input ``s``, as an operand of a :class:`Binary` of length ``n``:
+    it broadcasts to each of the ``n`` lanes, and its derivative is the sum of
+    the lanes' (the oracle differentiates a separate copy per lane)."""
+
+    n: int
+
+    @property
+    def length(self):
+        return self.n
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A call that hands its input straight back (``op`` in IDENTITY)."""
+
     op: str
     a: Node
 
@@ -200,7 +293,21 @@ class SetAt:
         return self.a.length
 
 
-Node = Leaf | Const | Unary | Binary | Where | Clip | Reduce | Slice | Gather | Concat | SetAt
+Node = (
+    Leaf
+    | Const
+    | Scalar
+    | Unary
+    | Identity
+    | Binary
+    | Where
+    | Clip
+    | Reduce
+    | Slice
+    | Gather
+    | Concat
+    | SetAt
+)
 
 
 def children(node):
@@ -211,6 +318,18 @@ def size(node) -> int:
     return 1 + sum(size(c) for c in children(node))
 
 
+def nodes_of(node):
+    """Every node of the tree, ``node`` first."""
+    yield node
+    for c in children(node):
+        yield from nodes_of(c)
+
+
+def uses_scalar(node) -> bool:
+    """Whether the program reads the scalar input ``s`` (then it is ``f(x, y, s)``)."""
+    return any(isinstance(n, Scalar) for n in nodes_of(node))
+
+
 def to_source(node) -> str:
     """The jnp program as Python source (for failure messages and regression tests)."""
     t = type(node).__name__
@@ -218,8 +337,12 @@ def to_source(node) -> str:
         return node.name
     if isinstance(node, Const):
         return f"jnp.full({node.n}, {node.value!r}, jnp.float32)"
+    if isinstance(node, Scalar):
+        return "s"
     if isinstance(node, Unary):
         return f"{node.op}({to_source(node.a)})"
+    if isinstance(node, Identity):
+        return IDENTITY_SOURCE[node.op].format(to_source(node.a))
     if isinstance(node, Binary):
         return f"{node.op}({to_source(node.a)}, {to_source(node.b)})"
     if isinstance(node, Where):

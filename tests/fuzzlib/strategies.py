@@ -18,16 +18,22 @@ from hypothesis import strategies as st
 from fuzzlib.program import (
     BINARY,
     COMPARE,
+    IDENTITY,
     REDUCE,
+    SCALAR_DTYPES,
+    SCALAR_KINDS,
     UNARY,
     Binary,
     Clip,
     Concat,
     Const,
     Gather,
+    Identity,
     Leaf,
     N,
     Reduce,
+    Scalar,
+    ScalarInput,
     SetAt,
     Slice,
     Unary,
@@ -77,6 +83,27 @@ def input_vectors(draw, dtype=np.float32):
     return np.array(draw(st.lists(floats, min_size=N, max_size=N)), dtype=dtype)
 
 
+def _reciprocal_is_normal(v: float) -> bool:
+    return not math.isfinite(v) or abs(v) < 2.0**126
+
+
+@st.composite
+def scalar_inputs(draw):
+    """The scalar input ``s``: a kind (how it is passed) and a value drawn as
+    the vectors' lanes are, rounded to the kind's dtype (so 1e20 is inf as a
+    float16) -- but not a finite value whose reciprocal is subnormal
+    (F32_MAX): XLA compiles ``a / s`` of a 0-d ``s`` as ``a * (1 / s)``, and
+    ``1 / s`` flushed to 0 makes ``inf / F32_MAX`` NaN; not so in the
+    compilation of its JVP, where it is inf.  The program differentiated would
+    take other branches than the one whose values the oracle decides on (seen:
+    ``sum(maximum(0, inv_square(full(5, 0.0)) / s))`` at ``s = F32_MAX``)."""
+    kind = draw(st.sampled_from(SCALAR_KINDS))
+    with np.errstate(over="ignore"):
+        value = np.asarray(draw(floats.filter(_reciprocal_is_normal)), np.float32)
+        value = value.astype(SCALAR_DTYPES[kind])
+    return ScalarInput(kind, float(value))
+
+
 #: ``HLO_GUARD_FUZZ_NO_BROADCAST=1`` stops drawing size-1 operands, to explore
 #: past the known implicit-broadcast bug (tests/test_fuzz_regressions.py)
 NO_BROADCAST = os.environ.get("HLO_GUARD_FUZZ_NO_BROADCAST", "") not in ("", "0")
@@ -104,13 +131,42 @@ def _leafish(draw, n):
     return Gather(leaf, idx)
 
 
+#: the chance (1 in this) that a node of a program with identity calls is
+#: wrapped in one (densely: a dead region must run through one to matter); and
+#: that a node of a program reading ``s`` is wrapped in a binary op with ``s``.
+#: Wrappers leave the shape of the tree they wrap as :func:`nodes` draws it
+#: without them; they are drawn as ``== last`` so that hypothesis shrinks them
+#: away (towards 0).
+IDENTITY_ODDS = 3
+SCALAR_ODDS = 5
+#: the ops a scalar wrapper draws from: a weight or a scale (``s * f(x)``,
+#: ``f(x) / s``) twice as often as the others (``add``/``sub`` have the
+#: derivative 1 wrt ``s``: never a hazard for it)
+SCALAR_OPS = ["mul", "div", *sorted(BINARY), "maximum", "minimum"]
+
+
 @st.composite
-def nodes(draw, n, depth, unary=None):
+def nodes(draw, n, depth, unary=None, identity=False, scalar=False):
     """``unary``: the elementwise ops to draw from (default: all of UNARY; a
-    front end without some op passes its own list)."""
+    front end without some op passes its own list).  ``identity``: sometimes
+    wrap a node in an identity call (``x.real``, ...); ``scalar``: sometimes
+    wrap a node in a binary op (or ``maximum``/``minimum``) with the 0-d input
+    ``s`` (both JAX-only)."""
+    node = _node(draw, n, depth, unary, identity, scalar)
+    if identity and draw(st.integers(0, IDENTITY_ODDS - 1)) == IDENTITY_ODDS - 1:
+        ops = sorted(IDENTITY) if n > 1 else sorted(set(IDENTITY) - {"squeeze"})
+        node = Identity(draw(st.sampled_from(ops)), node)
+    if scalar and draw(st.integers(0, SCALAR_ODDS - 1)) == SCALAR_ODDS - 1:
+        op = draw(st.sampled_from(SCALAR_OPS))
+        s = Scalar(n)
+        node = Binary(op, node, s) if draw(st.booleans()) else Binary(op, s, node)
+    return node
+
+
+def _node(draw, n, depth, unary, identity, scalar):
     if depth <= 0 or draw(st.integers(0, 7)) == 0:
         return _leafish(draw, n)
-    sub = lambda m: draw(nodes(m, depth - 1, unary))  # noqa: E731
+    sub = lambda m: draw(nodes(m, depth - 1, unary, identity, scalar))  # noqa: E731
     kinds = (
         ["unary"] * 4
         + ["binary"] * 3
@@ -165,6 +221,11 @@ def nodes(draw, n, depth, unary=None):
 
 
 @st.composite
-def programs(draw, max_depth=4, unary=None):
+def programs(draw, max_depth=4, unary=None, extras=False):
+    """``extras`` (the JAX fuzzer): in about a third of the programs identity
+    calls, and in about half binary ops that read the scalar input ``s``
+    (see :data:`IDENTITY_ODDS`)."""
     n = draw(st.sampled_from([N, N, N, 1, 2, 3, 5]))
-    return draw(nodes(n, draw(st.integers(1, max_depth)), unary))
+    identity = extras and draw(st.integers(0, 2)) == 2
+    scalar = extras and draw(st.integers(0, 1)) == 1
+    return draw(nodes(n, draw(st.integers(1, max_depth)), unary, identity, scalar))

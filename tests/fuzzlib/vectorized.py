@@ -14,23 +14,28 @@ import numpy as np
 from fuzzlib.program import (
     BINARY,
     COMPARE,
+    IDENTITY,
     UNARY,
     Binary,
     Clip,
     Concat,
     Const,
     Gather,
+    Identity,
     Leaf,
     Reduce,
+    Scalar,
     SetAt,
     Slice,
     Unary,
     Where,
+    uses_scalar,
 )
 
 
 def evaluate(node, env, decisions=None):
-    """``env`` maps ``"x"``/``"y"`` to float vectors of length ``N``.
+    """``env`` maps ``"x"``/``"y"`` to float vectors of length ``N`` (and
+    ``"s"`` to the scalar input, as passed, when the program reads it).
 
     ``decisions``, when given, is filled with the values every selection of the
     program compared, as JAX computed them (``id(node) -> tuple of arrays``): the oracle takes its branch decisions from these, so that a
@@ -47,8 +52,12 @@ def evaluate(node, env, decisions=None):
         return env[node.name]
     if isinstance(node, Const):
         return jnp.full((node.n,), node.value, dtype=env["x"].dtype)
+    if isinstance(node, Scalar):
+        return env["s"]
     if isinstance(node, Unary):
         return UNARY[node.op](ev(node.a))
+    if isinstance(node, Identity):
+        return IDENTITY[node.op](ev(node.a))
     if isinstance(node, Binary):
         a, b = ev(node.a), ev(node.b)
         if node.op == "maximum":
@@ -81,28 +90,51 @@ def evaluate(node, env, decisions=None):
     raise TypeError(type(node).__name__)
 
 
-def decisions_of(root, x, y, *, jit: bool = False) -> dict:
+def arguments(root, x, y, s=None) -> tuple:
+    """The program's arguments: ``(x, y)``, and ``s`` (a
+    :class:`fuzzlib.program.ScalarInput`, passed as its kind says) when the
+    program reads it."""
+    args = (jnp.asarray(x), jnp.asarray(y))
+    if uses_scalar(root):
+        assert s is not None, "the program reads the scalar input s"
+        args += (s.arg(),)
+    return args
+
+
+def decisions_of(root, x, y, s=None, *, jit: bool = False) -> dict:
     """What every selection of ``root`` compared, as JAX computes it: eagerly,
     or (``jit``) in one compiled program, where XLA may fold constant subtrees
     and round them differently from the eager kernels."""
+    args = arguments(root, x, y, s)
     if not jit:
         decisions: dict = {}
-        evaluate(root, {"x": jnp.asarray(x), "y": jnp.asarray(y)}, decisions)
+        evaluate(root, _env(*args), decisions)
         return {k: tuple(np.asarray(v) for v in vs) for k, vs in decisions.items()}
     keys: list = []
 
-    def compared(xv, yv):
+    def compared(*args):
         found: dict = {}
-        evaluate(root, {"x": xv, "y": yv}, found)
+        evaluate(root, _env(*args), found)
         keys[:] = list(found)
         return [found[k] for k in keys]
 
-    values = jax.jit(compared)(jnp.asarray(x), jnp.asarray(y))
+    values = jax.jit(compared)(*args)
     return {k: tuple(np.asarray(v) for v in vs) for k, vs in zip(keys, values)}
 
 
+def _env(x, y, *s):
+    return {"x": x, "y": y, **({"s": s[0]} if s else {})}
+
+
 def as_function(root):
-    """``f(x, y) -> vector``: the program as an ordinary JAX function."""
+    """``f(x, y) -> vector`` (``f(x, y, s)`` when the program reads the scalar
+    input): the program as an ordinary JAX function."""
+    if uses_scalar(root):
+
+        def program_s(x, y, s):
+            return evaluate(root, {"x": x, "y": y, "s": s})
+
+        return program_s
 
     def program(x, y):
         return evaluate(root, {"x": x, "y": y})
