@@ -116,19 +116,81 @@ def test_copies_only_where_binding_would_give_the_same_equation():
     np.testing.assert_array_equal(out[1], 2 * np.ones(3))
 
 
-def test_calls_and_effects_are_bound_not_copied():
-    call = _one_eqn(jax.jit(lambda a: a * 2), jnp.ones(3))
+def test_effects_and_calls_with_a_staging_rule_of_their_own_are_bound_not_copied():
+    iota = _one_eqn(lambda: lax.iota(jnp.float32, 3))  # has a staging rule of its own
     printing = _one_eqn(lambda a: (jax.debug.print("{}", a), a)[1], jnp.ones(3))
     assert printing.effects
     seen = {}
 
     def traced(a):
-        seen["call"] = compat.restage(call, [a])
+        seen["own rule"] = compat.restage(iota, [])
         seen["effect"] = compat.restage(printing, [a])
         return a
 
     jax.make_jaxpr(traced)(jnp.ones(3))
-    assert seen == {"call": None, "effect": None}
+    assert seen == {"own rule": None, "effect": None}
+
+
+def _kept_call(fn, *args):
+    """The one call equation ``fn`` stages with its inline jits kept as calls,
+    as the guard's own trace of a user's function keeps them."""
+
+    def kept(*a):
+        with compat.keep_inline_jits_of_current_trace():
+            return fn(*a)
+
+    return _one_eqn(kept, *args)
+
+
+def test_a_jit_kept_as_a_call_is_copied_as_binding_stages_it(monkeypatch):
+    """A ``jit`` JAX's staging rule keeps as a call (no inlining while
+    tracing, no ``Ref`` constants) is staged by copying, and the program is
+    the one binding gives (oracle: binding with copying switched off)."""
+    call = _one_eqn(jax.jit(lambda a: a * 2), jnp.ones(3))
+    assert call.primitive.name in ("jit", "pjit")
+    seen = {}
+
+    def traced(a):
+        seen["copied"] = compat.restage(call, [a])
+        return bind_eqn(call, [a])[0] + 1.0
+
+    copied = jax.make_jaxpr(traced)(jnp.ones(3))
+    assert seen["copied"] is not None
+    bound = _without_restage(monkeypatch, lambda: jax.make_jaxpr(traced)(jnp.ones(3)))
+    assert str(copied) == str(bound)
+    assert _locations(copied.jaxpr) == _locations(bound.jaxpr)
+
+
+def test_a_jit_jax_inlines_is_inlined_in_place_as_binding_inlines_it(monkeypatch):
+    """``jnp.multiply`` is a ``jit`` JAX inlines while tracing (kept as a call
+    in the guard's own trace).  Staged again outside that trace, it is not
+    copied as a call; its body is inlined in place -- the program binding
+    gives, with the call's location -- and inside a trace that keeps its
+    inline jits it is left to ``bind``."""
+    call = _kept_call(lambda a: jnp.multiply(a, 3.0), jnp.ones(3))
+    assert compat.jit_inlined_while_tracing(call.params)
+    seen = {}
+
+    def traced(a):
+        seen["copied"] = compat.restage(call, [a, 3.0])
+        seen["inlined"] = compat.inline_in_place(call, [a, 3.0], call.source_info)
+        with compat.keep_inline_jits_of_current_trace():
+            seen["kept"] = compat.inline_in_place(call, [a, 3.0], call.source_info)
+        return a
+
+    jax.make_jaxpr(traced)(jnp.ones(3))
+    assert seen["copied"] is None and seen["kept"] is None
+    assert seen["inlined"] is not None
+
+    from hlo_guard.jax_frontend.binding import copy_unchanged
+
+    in_place = jax.make_jaxpr(lambda a: copy_unchanged(call, [a, 3.0])[0] - a)(jnp.ones(3))
+    assert [e.primitive.name for e in in_place.jaxpr.eqns] == ["mul", "sub"]
+    bound = _without_restage(
+        monkeypatch, lambda: jax.make_jaxpr(lambda a: bind_eqn(call, [a, 3.0])[0] - a)(jnp.ones(3))
+    )
+    assert str(in_place) == str(bound)
+    assert _locations(in_place.jaxpr)[0] == source_info_util.summarize(call.source_info)
 
 
 @pytest.mark.parametrize("weak", [True, False])

@@ -13,7 +13,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 from jax.extend import source_info_util
 
-from hlo_guard.jax_frontend.compat import restage
+from hlo_guard.jax_frontend.compat import inline_in_place, restage
 from hlo_guard.jax_frontend.graph import is_inexact_aval
 
 
@@ -36,16 +36,37 @@ def eqn_context(eqn, at_call_site: bool = False):
         yield
 
 
-def copy_unchanged(eqn, invals):
+def copy_unchanged(eqn, invals, call_site=None):
     """An equation the rewrite leaves as it is, copied (:func:`compat.restage`)
     with the location and context ``eqn_context`` would give it, without
     entering that context (most equations of a program are these); None where
-    copying does not apply -- then the caller goes the general way."""
+    copying does not apply -- then the caller goes the general way.
+
+    ``call_site``: the source info current where an inline call's body is
+    being evaluated in place (:func:`call_site_source`); every equation of the
+    body gets its location and its own name stack appended, as JAX's own
+    inlining (``pe.inline_jaxpr_into_trace``) gives them.  On jax 0.12 every
+    ``jnp`` function is such a call, so most equations of a library's code are
+    these."""
     info = eqn.source_info
-    if info.traceback is None:  # bind would record a fresh one
+    if call_site is not None:
+        source = call_site.replace(name_stack=call_site.name_stack + info.name_stack)
+    elif info.traceback is None:  # bind would record a fresh one
         return None
-    name_stack = source_info_util.current_name_stack() + info.name_stack
-    return restage(eqn, invals, info.replace(name_stack=name_stack), eqn.ctx)
+    else:
+        name_stack = source_info_util.current_name_stack() + info.name_stack
+        source = info.replace(name_stack=name_stack)
+    out = restage(eqn, invals, source, eqn.ctx)
+    if out is None:  # a jit JAX inlines: its body copied in place, as bind would
+        out = inline_in_place(eqn, invals, source)
+    return out
+
+
+def call_site_source():
+    """The source info an inline call's body is staged with, taken once for
+    the whole body (``pe.inline_jaxpr_into_trace`` does the same): the
+    location the enclosing ``eqn_context`` set, or a traceback taken now."""
+    return source_info_util.current()
 
 
 def bind_eqn(eqn, invals):

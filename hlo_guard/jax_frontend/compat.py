@@ -214,6 +214,62 @@ def _restage_internals():
 _RESTAGE = _restage_internals()
 
 
+def _plain_jit_staging():
+    """``(jit_p, Ref)`` when JAX's staging rule for ``jit`` (under our wrapper
+    of it, :func:`_install_staging_rule`) and its forwarding rule are the
+    ones :func:`_jit_staged_plainly` was checked against (jax 0.10-0.12:
+    ``pjit_staging_rule``, ``pjit_forwarding_rule``), else None: a rule we
+    have not read is never assumed to do nothing."""
+    found = _jit_staging()
+    if found is None or _RESTAGE is None:  # pragma: no cover - a future JAX
+        return None
+    jcore, pe, jit_p = found
+    rule = pe.custom_staging_rules.get(jit_p)
+    rule = getattr(rule, "__wrapped__", rule)
+    forwarding = getattr(pe, "forwarding_rules", {}).get(jit_p)
+    if (
+        getattr(rule, "__name__", None) != "pjit_staging_rule"
+        or getattr(forwarding, "__name__", None) not in (None, "pjit_forwarding_rule")
+        or not hasattr(jcore, "Ref")
+    ):  # pragma: no cover - a future JAX
+        return None
+    inline = getattr(pe, "inline_jaxpr_into_trace", None)
+    if inline is None:  # pragma: no cover - a future JAX
+        return None
+    return jit_p, jcore.Ref, inline
+
+
+_PLAIN_JIT = _plain_jit_staging()
+
+
+def _jit_staged_plainly(eqn) -> bool:
+    """Whether binding this ``jit`` equation in a jaxpr trace would stage it
+    as the same equation, which is then what copying it gives.
+
+    JAX's staging rule for ``jit`` (``pjit_staging_rule``, jax 0.10-0.12)
+    raises for nested ``compiler_options``, inlines a ``jit`` it inlines
+    while tracing (:func:`jit_inlined_while_tracing`; on jax 0.10 every
+    ``jnp`` function), moves mutable ``Ref`` constants into operands and
+    updates the state of ``Ref`` operands; otherwise it is
+    ``default_process_primitive``, whose output types are the body's and
+    whose forwarding rule for ``jit`` forwards nothing.  On jax 0.12 every
+    ``jnp`` function is a ``jit`` that stays a call in the jaxpr, so most
+    equations of a library's code are these."""
+    if _PLAIN_JIT is None or eqn.primitive is not _PLAIN_JIT[0]:
+        return False
+    params = eqn.params
+    if params.get("compiler_options_kvs") or jit_inlined_while_tracing(params):
+        return False
+    body = params.get("jaxpr")
+    consts = getattr(body, "consts", None)
+    inner = getattr(body, "jaxpr", body)
+    if consts is None or not hasattr(inner, "invars"):  # pragma: no cover - a future JAX
+        return False
+    if any(isinstance(c, _PLAIN_JIT[1]) for c in consts):
+        return False
+    return not any(getattr(v, "initial_qdd", None) for v in [*inner.constvars, *inner.invars])
+
+
 def _plain_jaxpr_trace():
     """The trace bound to now if it is a plain jaxpr trace (not a JVP,
     batching or eager evaluation, whose ``bind`` does more than stage an
@@ -246,7 +302,8 @@ def restage(eqn, invals, source=None, ctx=None):
     is a tracer of that trace with the type the equation was traced with (a
     guard's select keeps its operand's type, so guarded operands qualify), and
     the primitive has no staging rule of its own (calls, whose rule may inline
-    or forward) and no effects (whose operands JAX re-resolves).  The source
+    or forward; a ``jit`` its rule stages as it is, :func:`_jit_staged_plainly`,
+    is copied) and no effects (whose operands JAX re-resolves).  The source
     location is the one ``bind`` would record (the caller's ``eqn_context``),
     or ``source`` and ``ctx`` when the caller passes what that context would
     hold (then it need not enter it)."""
@@ -254,7 +311,7 @@ def restage(eqn, invals, source=None, ctx=None):
     if trace is None:
         return None
     _, _, tracer_type, rules, current_source, literal = _RESTAGE
-    if eqn.effects or eqn.primitive in rules:
+    if eqn.effects or (eqn.primitive in rules and not _jit_staged_plainly(eqn)):
         return None
     tracers = []
     for v, x in zip(eqn.invars, invals):
@@ -275,6 +332,49 @@ def restage(eqn, invals, source=None, ctx=None):
     if source is None:
         source = current_source()
     return trace.emit_eqn(tracers, out_avals, eqn.primitive, eqn.params, eqn.effects, source, ctx)
+
+
+def inline_in_place(eqn, invals, source):
+    """A ``jit`` equation that JAX inlines while tracing
+    (:func:`jit_inlined_while_tracing`: every ``jnp`` function on jax 0.12,
+    each an ``Inline.JAX_EARLY`` call; ``inline=True`` on 0.10), staged as
+    binding it would stage it: its body's equations copied into the jaxpr
+    being traced by JAX's own ``pe.inline_jaxpr_into_trace``, at ``source``
+    (the location ``bind`` would pass its staging rule) -- or None where that
+    is not what ``bind`` would do (then the caller binds).
+
+    What binding adds is the dispatch to the staging rule, which for such a
+    ``jit`` (no ``compiler_options``, our trace not keeping its inline jits
+    as calls, :func:`keep_inline_jits_of_current_trace`) is this call; most
+    equations a library's code stages on jax 0.12 go this way.  A literal
+    operand enters as :func:`restage` passes one."""
+    trace = _plain_jaxpr_trace()
+    if trace is None or _PLAIN_JIT is None or eqn.primitive is not _PLAIN_JIT[0]:
+        return None
+    params = eqn.params
+    if (
+        eqn.effects
+        or params.get("compiler_options_kvs")
+        or not jit_inlined_while_tracing(params)
+        or _keeps_inline_jits(trace)
+    ):
+        return None
+    tracer_type, literal = _RESTAGE[2], _RESTAGE[5]
+    tracers = []
+    for v, x in zip(eqn.invars, invals):
+        if type(v) is literal:
+            tracers.append(tracer_type(trace, v.aval, v, source))
+        elif _staged_in(x, trace) and x.aval == v.aval:
+            tracers.append(x)
+        else:
+            return None
+    body = params["jaxpr"]
+    consts = getattr(body, "consts", None)
+    inner = body if hasattr(body, "eqns") else getattr(body, "jaxpr", None)
+    if consts is None or inner is None:  # pragma: no cover - a future JAX
+        return None
+    out = _PLAIN_JIT[2](trace, source, inner, consts, *tracers)
+    return [trace.to_jaxpr_tracer(x, source) for x in out]
 
 
 def emit(primitive, params: dict, invals, out_avals):

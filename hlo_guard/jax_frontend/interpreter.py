@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 from jax.core import eval_jaxpr
 
-from hlo_guard.jax_frontend.binding import bind_eqn, copy_unchanged, eqn_context
+from hlo_guard.jax_frontend.binding import bind_eqn, call_site_source, copy_unchanged, eqn_context
 from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
 from hlo_guard.jax_frontend.compat import (
     inline_jits_inline_here,
@@ -420,20 +420,18 @@ class Scope:
         self.values.sharing = self.mode == "gradient"
         rewritten = self.plan.rewritten_bodies(self.mode)
         contractions = self.plan.guarded_contractions
-        # an inline body evaluated in place keeps its call's location: always
-        # through eqn_context
-        fast = not self.at_call_site
+        # an inline body evaluated in place keeps its call's location
+        call_site = call_site_source() if self.at_call_site else None
         for node, eqn in enumerate(self.graph.eqns):
             invals = [v.val if isinstance(v, Literal) else env[v] for v in eqn.invars]
             if (
-                fast
-                and node not in sites
+                node not in sites
                 and node not in out_sites
                 and node not in contractions
                 and node not in rewritten
                 and self._shared_side(eqn) is None
             ):
-                outs = copy_unchanged(eqn, invals)
+                outs = copy_unchanged(eqn, invals, call_site)
                 if outs is not None:
                     for ov, o in zip(eqn.outvars, outs):
                         if not isinstance(ov, DropVar):
