@@ -377,6 +377,112 @@ def inline_in_place(eqn, invals, source):
     return [trace.to_jaxpr_tracer(x, source) for x in out]
 
 
+def staged_call_equation(outs, args):
+    """``(primitive, params)`` of the one ``jit`` equation that binding a
+    call just staged into the jaxpr being traced, reading exactly ``args``
+    (no closed-over tracer became an operand; a constant argument, a mask
+    known while tracing, became a constant operand) and giving exactly ``outs``;
+    None when that is not what happened or when the equation could not be
+    staged again as it is (effects, ``Ref`` constants, a tracer among its
+    body's constants).  Read from the output tracers' producing equation
+    (``DynamicJaxprTracer.parent``, jax 0.10-0.12).  For
+    :mod:`staged_bodies`, which stages the equation again elsewhere."""
+    trace = _plain_jaxpr_trace()
+    if trace is None or _PLAIN_JIT is None or not outs:
+        return None
+    parent = getattr(outs[0], "parent", None)
+    if parent is None or getattr(parent, "primitive", None) is not _PLAIN_JIT[0]:
+        return None
+    outvars = list(getattr(parent, "outvars", ()))
+    ins = list(getattr(parent, "in_tracers", ()))
+    if (
+        parent.effects
+        or len(outvars) != len(outs)
+        or len(ins) != len(args)
+        or any(not _staged_in(o, trace) or o.val is not v for o, v in zip(outs, outvars))
+        or any(not _staged_in(t, trace) for t in ins)
+        or any(t is not a for t, a in zip(ins, args) if _staged_in(a, trace))
+    ):
+        return None
+    params = parent.params
+    if params.get("compiler_options_kvs") or jit_inlined_while_tracing(params):
+        return None
+    body = params.get("jaxpr")
+    consts = getattr(body, "consts", None)
+    if consts is None:  # pragma: no cover - a future JAX
+        return None
+    from jax.core import Tracer
+
+    if any(isinstance(c, (Tracer, _PLAIN_JIT[1])) for c in consts):
+        return None
+    return parent.primitive, params
+
+
+def no_mesh_in_context() -> bool:
+    """Whether no mesh is in context (concrete, abstract or the resource
+    environment's): a ``jit`` staged now then records the empty mesh, as one
+    staged in any other such context does (``pjit.get_ctx_mesh``).
+    :mod:`staged_bodies` shares staged calls only there; False when it
+    cannot tell."""
+    try:
+        from jax._src import mesh as mesh_lib
+    except ImportError:  # pragma: no cover - a future JAX
+        return False
+    try:
+        meshes = (
+            mesh_lib.get_concrete_mesh(),
+            mesh_lib.get_abstract_mesh(),
+            mesh_lib.thread_resources.env.physical_mesh,
+        )
+    except AttributeError:  # pragma: no cover - a future JAX
+        return False
+    return all(getattr(m, "empty", False) for m in meshes)
+
+
+def _canonical_value():
+    """JAX's canonicalisation of a constant argument (what ``jax.jit`` does
+    to one before it becomes an operand), or None."""
+    try:
+        from jax._src import dtypes
+    except ImportError:  # pragma: no cover - a future JAX
+        return None
+    return getattr(dtypes, "canonicalize_value", None)
+
+
+_CANONICAL_VALUE = _canonical_value()
+
+
+def bind_staged_call(staged, args):
+    """Stage the call :func:`staged_call_equation` returned again, reading
+    ``args`` -- or None where binding it would not give the same equation
+    (not a plain jaxpr trace, a tracer of another trace, an operand of
+    another type than the body's input).  A constant argument enters as a
+    constant operand, as binding it does."""
+    trace = _plain_jaxpr_trace()
+    if trace is None:
+        return None
+    primitive, params = staged
+    body = params["jaxpr"]
+    inner = body if hasattr(body, "eqns") else body.jaxpr
+    if len(inner.invars) != len(args):
+        return None
+    from jax.core import Tracer
+
+    operands = []
+    for v, x in zip(inner.invars, args):
+        if isinstance(x, Tracer) and not _staged_in(x, trace):
+            return None
+        if not isinstance(x, Tracer):
+            if _CANONICAL_VALUE is None:  # pragma: no cover - a future JAX
+                return None
+            x = trace.to_jaxpr_tracer(_CANONICAL_VALUE(x), _RESTAGE[4]())
+        t = x
+        if t.aval != v.aval:
+            return None
+        operands.append(t)
+    return list(primitive.bind(*operands, **params))
+
+
 def emit(primitive, params: dict, invals, out_avals):
     """``primitive(*invals, **params)`` staged into the jaxpr being traced as
     one new equation with the given output types, without running the

@@ -18,6 +18,7 @@ from hlo_guard.jax_frontend.bodies import body_of, scope_name
 
 Literal = jex_core.Literal
 DropVar = jex_core.DropVar
+Var = jex_core.Var
 
 
 def is_literal(atom) -> bool:

@@ -25,6 +25,7 @@ guard whose mask would need one is skipped (conservative) and reported.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -33,11 +34,13 @@ import numpy as np
 from jax import lax
 from jax.core import eval_jaxpr
 
+from hlo_guard.jax_frontend import staged_bodies
 from hlo_guard.jax_frontend.binding import bind_eqn, call_site_source, copy_unchanged, eqn_context
 from hlo_guard.jax_frontend.bodies import body_of, open_jaxpr
 from hlo_guard.jax_frontend.compat import (
     inline_jits_inline_here,
     jit_inlined_while_tracing,
+    no_mesh_in_context,
     scan_layout,
 )
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal, is_inexact_aval
@@ -59,6 +62,12 @@ from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rules import RULES
 from hlo_guard.jax_frontend.shared_primal import can_share, share_side_primal
 from hlo_guard.jax_frontend.side_values import MISSING, ScopeValues
+from hlo_guard.jax_frontend.staged_bodies import (
+    STAGED_BODIES,
+    fingerprint,
+    finish_like_a_run,
+    skipped_nothing,
+)
 from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis
 from passes.lattice import LIVE
@@ -564,22 +573,90 @@ def _guarded_body(
 
 
 def _bind_call(scope: Scope, node, eqn, invals):
-    fn, passed = _guarded_call(scope, node, eqn, len(invals))
-    return list(fn(*invals, *passed))
+    context = _call_context(scope, node, eqn)
+    shared = _shared_body_key(scope, node, eqn, context)
+    args = [*invals, *context.passed]
+    if shared is not None:
+        body, consts, key = shared
+        outs = STAGED_BODIES.get(body, consts, key, args)
+        if outs is not None:
+            finish_like_a_run(context.sub, scope.mode)
+            return outs
+    fn = _guarded_callable(scope, node, eqn, len(invals), context)
+    outs = list(fn(*args))
+    if shared is not None and skipped_nothing(context.sub):
+        STAGED_BODIES.put(body, consts, key, args, outs)
+    return outs
+
+
+def _shared_body_key(scope: Scope, node, eqn, context):
+    """``(body, consts, key)`` under which the guarded body of ``jit`` call
+    ``node`` is shared across call sites and traces (:mod:`staged_bodies`),
+    or None: not a ``jit`` bound as a call, effects, value mode, or a
+    context the fingerprint cannot name."""
+    if (
+        not staged_bodies.enabled
+        or scope.mode != "gradient"
+        or eqn.primitive.name != "jit"
+        or context.inline_here
+        or eqn.effects
+        or not no_mesh_in_context()
+    ):
+        return None
+    found = fingerprint(context.sub, scope.mode)
+    if found is None:
+        return None
+    body, consts = body_of(eqn)
+    key = (
+        found,
+        tuple("passed" if f is None else "all" if f is ALL else "none" for f in context.fixed),
+        tuple(context.layouts),
+        context.nested,
+        str(eqn.params.get("name")),
+        str(eqn.params.get("inline")),
+    )
+    return body, consts, key
+
+
+@dataclass(frozen=True)
+class _CallContext:
+    """How call ``node``'s guarded body is made here: its analysis, the
+    output masks passed in (and which are fixed ALL/NONE, and the layouts of
+    the passed ones), value-mode nesting, and whether it is evaluated in
+    place."""
+
+    sub: Analysis
+    passed: list
+    fixed: list
+    layouts: list
+    nested: bool
+    inline_here: bool
+
+
+def _call_context(scope: Scope, node, eqn) -> _CallContext:
+    sub = scope.analysis.subs[(node, 0)]
+    passed, fixed, layouts = scope.output_masks_for(node, sub, compact=True)
+    # a jit that binding here would inline: call its guarded body directly
+    # instead of tracing it to a jaxpr JAX then copies in
+    inline_here = (
+        eqn.primitive.name == "jit"
+        and jit_inlined_while_tracing(eqn.params)
+        and inline_jits_inline_here()
+    )
+    return _CallContext(sub, passed, fixed, layouts, scope.body_nested(node), inline_here)
 
 
 def _guarded_call(scope: Scope, node, eqn, n_invals):
     """The guarded body of call ``node`` as a function of (inputs, passed
     output masks), and the masks to pass."""
-    sub = scope.analysis.subs[(node, 0)]
-    passed, fixed, layouts = scope.output_masks_for(node, sub, compact=True)
-    nested = scope.body_nested(node)
+    context = _call_context(scope, node, eqn)
+    return _guarded_callable(scope, node, eqn, n_invals, context), context.passed
+
+
+def _guarded_callable(scope: Scope, node, eqn, n_invals, context: _CallContext):
+    sub, fixed, layouts = context.sub, context.fixed, context.layouts
+    nested, inline_here = context.nested, context.inline_here
     name = eqn.primitive.name
-    # a jit that binding here would inline: call its guarded body directly
-    # instead of tracing it to a jaxpr JAX then copies in
-    inline_here = (
-        name == "jit" and jit_inlined_while_tracing(eqn.params) and inline_jits_inline_here()
-    )
     key = (node, tuple(f is None for f in fixed), tuple(layouts), scope.mode, nested, inline_here)
     fn = scope.plan.callables.get(key)
     if fn is None:
@@ -602,7 +679,7 @@ def _guarded_call(scope: Scope, node, eqn, n_invals):
             else:
                 fn = inner
         scope.plan.callables[key] = fn
-    return fn, passed
+    return fn
 
 
 def _run_body(sub, consts):

@@ -27,7 +27,11 @@ from hlo_guard.jax_frontend.bodies import (
     holds_throughout,
     scope_name,
 )
-from hlo_guard.jax_frontend.compat import scan_layout
+from hlo_guard.jax_frontend.compat import (
+    evaluating_eagerly,
+    register_with_clear_caches,
+    scan_layout,
+)
 from hlo_guard.jax_frontend.graph import (
     JaxprGraph,
     body_graph,
@@ -520,18 +524,103 @@ def probe_rule_tangents(mctx, eqn, in_masks):
         for k, v in enumerate(eqn.invars)
         if not is_literal(v) and is_inexact_aval(v.aval) and in_masks[k] is not NONE
     ]
-    found = [None] * len(eqn.outvars)
+    found: list = [None] * len(eqn.outvars)
     for k in diff:
         aval = eqn.invars[k].aval
         live_lanes = materialize(in_masks[k], tuple(aval.shape))
-        tangent = jax.numpy.where(live_lanes, jax.numpy.nan, 0).astype(aval.dtype)
-        _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals, [k], [tangent])
-        for j, o in enumerate(outs):
-            if o.dtype == jax.dtypes.float0 or not is_inexact_aval(eqn.outvars[j].aval):
-                continue
-            live = o != 0
+
+        def probe(*vals_and_lanes, k=k, aval=aval):
+            *vals_k, lanes = vals_and_lanes
+            tangent = jax.numpy.where(lanes, jax.numpy.nan, 0).astype(aval.dtype)
+            _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals_k, [k], [tangent])
+            return {
+                j: o != 0
+                for j, o in enumerate(outs)
+                if o.dtype != jax.dtypes.float0 and is_inexact_aval(eqn.outvars[j].aval)
+            }
+
+        for j, live in _probe_once(eqn, k, probe, [*vals, live_lanes]).items():
             found[j] = live if found[j] is None else (found[j] | live)
     return [NONE if m is None else normalize(m) for m in found]
+
+
+class _ProbeJaxprs:
+    """custom_jvp primal body (weakly: JAX traces a rule's call once per
+    argument types and hands the same jaxpr object to every trace) ->
+    {(operand, argument types, parameters): (the JVP rule, the probe of that
+    operand as a jaxpr, its output indices)}.  ``jax.clear_caches()``
+    empties it, as it empties the caches that keep those bodies alive."""
+
+    def __init__(self):
+        self.entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        register_with_clear_caches(self, "hlo_guard custom_jvp rule probes")
+
+    def cache_clear(self) -> None:
+        self.entries = weakref.WeakKeyDictionary()
+
+    def cache_info(self):
+        return len(self.entries)
+
+    def cache_keys(self):
+        return []
+
+
+_PROBE_JAXPRS = _ProbeJaxprs()
+
+
+def _probe_once(eqn, k, probe, args) -> dict:
+    """``probe(*args)`` staged into the jaxpr being traced.  The JVP of a
+    rule (the ``custom_jvp`` machinery, the rule's own Python) costs several
+    times the equations it stages, and a library's rule is probed in every
+    trace (``numpyro``'s ``log_sigmoid`` -> ``softplus`` -> ``logaddexp``):
+    the second time a body is probed with one rule, operand and argument
+    types, the probe is traced to a jaxpr, whose equations are then copied
+    in at every later call.  The first time, the probe runs in place and
+    only the rule's ``id`` is noted: a body traced afresh per call
+    (Equinox's ``relu``) never comes again and costs nothing more.  Eager
+    evaluation and rules that need concrete values probe in place."""
+    import jax
+
+    from hlo_guard.jax_frontend.compat import restage_available
+
+    body = eqn.params.get("call_jaxpr")
+    rule = eqn.params.get("jvp_jaxpr_fun")
+    if body is None or rule is None or not restage_available() or evaluating_eagerly():
+        return probe(*args)
+    try:
+        avals = tuple(jax.typeof(a) for a in args)
+        key = (k, avals, eqn.params.get("num_consts"), eqn.params.get("symbolic_zeros"))
+        per_body = _PROBE_JAXPRS.entries.setdefault(body, {})
+        found = per_body.get(key)
+    except TypeError:  # an argument without a JAX type, an unhashable one
+        return probe(*args)
+    if found is not None and found[0] is rule:
+        return _splice(found[1], found[2], args)
+    if found is None or found[0] != id(rule):
+        per_body[key] = (id(rule), None, None)  # seen once: the rule's id, nothing held
+        return probe(*args)
+    try:
+        closed, out_shape = jax.make_jaxpr(probe, return_shape=True)(*args)
+    except Exception:  # noqa: BLE001 - a rule that needs concrete values: probe in place
+        return probe(*args)
+    if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+        return probe(*args)  # it closed over a value of this trace: not for the next
+    per_body[key] = (rule, closed, sorted(out_shape))
+    return _splice(closed, sorted(out_shape), args)
+
+
+def _splice(closed, outputs, args) -> dict:
+    """The probe jaxpr's equations staged here reading ``args`` (copied
+    where :func:`bind_eqn` can), as ``{output index: mask}``."""
+    from hlo_guard.jax_frontend.binding import bind_eqn
+
+    env = dict(zip(closed.jaxpr.constvars, closed.consts))
+    env.update(zip(closed.jaxpr.invars, args))
+    for e in closed.jaxpr.eqns:
+        invals = [v.val if is_literal(v) else env[v] for v in e.invars]
+        env.update(zip(e.outvars, bind_eqn(e, invals)))
+    outs = [v.val if is_literal(v) else env[v] for v in closed.jaxpr.outvars]
+    return dict(zip(outputs, outs))
 
 
 _STRUCTURE_KINDS = ("elementwise", "zero-derivative", "structural", "pass-through", "linear")
