@@ -10,8 +10,10 @@ function (``.lower()``, ``.trace()``, ``.eval_shape()`` as usual).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +21,7 @@ import jax
 
 from hlo_guard.collection import building_a_program, collection_paused
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.jax_frontend.compat import public_nan_errors
+from hlo_guard.jax_frontend.compat import public_nan_errors, staged_into_a_jaxpr
 from hlo_guard.jax_frontend.interpreter import run_guarded
 from hlo_guard.jax_frontend.trace_cache import (
     DEFAULT_CACHE_BYTES,
@@ -107,10 +109,22 @@ class GuardedFunction:
         return self._traced_fn
 
     def traced(self, *args, **kwargs):
-        """(program, flat dynamic leaves) for these arguments, tracing on a cache miss."""
+        """(program, flat dynamic leaves) for these arguments, tracing on a
+        cache miss: the program a call made here evaluates."""
+        staged = staged_into_a_jaxpr() and not getattr(_INSPECTING, "active", False)
+        return self.traced_for(staged, args, kwargs)
+
+    def traced_for(self, staged: bool, args, kwargs):
+        """:meth:`traced` for a call staged into a jaxpr (``staged``: under
+        ``jax.jit``, where the program is compiled whole and jnp's inline
+        jits are inlined in its trace as JAX's own trace inlines them -- fewer
+        bodies to analyse) or evaluated eagerly (they stay calls, each run as
+        one computation as eager JAX runs it: the same bits)."""
         key, leaves, avals, layout, static = signature_of(
             self.fn, args, kwargs, self.static_argnums, self.static_argnames
         )
+        inline = bool(staged)
+        key = (key, inline)
         program = self._cache.get(key)
         if program is None:
             program = trace(
@@ -121,6 +135,7 @@ class GuardedFunction:
                 len(args),
                 self.static_argnums,
                 self.static_argnames,
+                keep_inline_jits=not inline,
             )
             # A function that closes over a tracer of an enclosing transformation
             # (guard inside jax.grad of something else) bakes that tracer into the
@@ -174,6 +189,24 @@ class GuardedFunction:
         mode = "" if self.mode == "gradient" else f", mode={self.mode!r}"
         aux = ", has_aux=True" if self.has_aux else ""
         return f"guard({getattr(self.fn, '__qualname__', self.fn)!r}{mode}{aux})"
+
+
+_INSPECTING = threading.local()
+
+
+@contextlib.contextmanager
+def evaluating_the_inspected_program():
+    """Calls of guarded functions inside the block evaluate the program a
+    call outside any trace evaluates (jnp's inline jits kept as calls), even
+    when the block is traced: ``explain``, the dumps and ``compare`` trace
+    and compile that program, whose calls name the user's ``jnp`` functions
+    (``maximum``, ``x > 0``) where the inlined one has only primitives."""
+    prev = getattr(_INSPECTING, "active", False)
+    _INSPECTING.active = True
+    try:
+        yield
+    finally:
+        _INSPECTING.active = prev
 
 
 def _check_has_aux(has_aux, who: str) -> bool:

@@ -92,13 +92,28 @@ def test_skipped_guard_is_recorded_in_its_scope():
 
 
 def test_explain_after_a_call_does_not_evaluate_again(runs):
-    g = guarded_jit(f_effectful)
-    g(X)
+    g = guard(f_effectful)
+    g(X)  # outside any trace: the program explain inspects
     before = runs["n"]
     assert before >= 1
     r = explain(g, X)
     assert runs["n"] == before
     (u,) = r.unguarded  # the record of the user's own call
+    assert (u.op, u.category) == ("sqrt", "skipped")
+
+
+def test_explain_after_a_jitted_call_evaluates_the_inspected_program_once(runs):
+    """A call under ``jax.jit`` evaluates the program traced with jnp's
+    inline jits inlined; explain inspects the one with them kept as calls
+    (whose sites name the user's jnp functions), evaluated once."""
+    g = guarded_jit(f_effectful)
+    g(X)
+    before = runs["n"]
+    r = explain(g, X)
+    assert runs["n"] == before + 1
+    explain(g, X)
+    assert runs["n"] == before + 1
+    (u,) = r.unguarded
     assert (u.op, u.category) == ("sqrt", "skipped")
 
 

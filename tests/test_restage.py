@@ -349,3 +349,51 @@ def test_an_inline_call_evaluated_in_place_keeps_the_double_where_gradient():
         assert_like_double_where(
             d, lambda x: with_inline_call(x, w), lambda x: double_where(x, w), x
         )
+
+
+def _kept_calls(g):
+    """The ``jit`` calls in the programs ``g`` traced, per trace."""
+    return [
+        sorted(
+            str(e.params.get("name"))
+            for e in program.closed_jaxpr.jaxpr.eqns
+            if e.primitive.name in ("jit", "pjit")
+        )
+        for program in g._cache.values()
+    ]
+
+
+def test_a_program_staged_into_a_jaxpr_inlines_jnp_wrappers_an_eager_one_keeps_them():
+    """Under ``jax.jit`` (and ``jax.jit(jax.grad(...))``) the guarded program
+    is compiled whole: its trace inlines ``jnp``'s inline jits as JAX's own
+    does.  Evaluated eagerly (and under an eager ``jax.grad``) they stay calls,
+    each run as one computation, as eager JAX runs it: the same bits."""
+
+    def f(x):
+        return jnp.where(x > 0, jnp.sqrt(x), 0.0).sum() + jnp.mean(x)
+
+    x = jnp.array([-1.0, 0.0, 0.5, 2.0])
+    staged = hlo_guard.guard(f)
+    jax.jit(staged)(x)
+    jax.jit(jax.grad(staged))(x)
+    # one program, with the calls JAX's own trace keeps (oracle: plain tracing)
+    plain = jax.make_jaxpr(f)(x).jaxpr.eqns
+    assert _kept_calls(staged) == [
+        sorted(str(e.params.get("name")) for e in plain if e.primitive.name in ("jit", "pjit"))
+    ]
+
+    eager = hlo_guard.guard(f)
+    value = eager(x)
+    grad = jax.grad(eager)(x)
+    (calls,) = _kept_calls(eager)
+    assert "sqrt" in calls and "_where" in calls
+    # eager results bitwise those of plain eager JAX
+    np.testing.assert_array_equal(np.asarray(value), np.asarray(f(x)))
+    plain_grad = jax.grad(
+        lambda x: jnp.where(x > 0, jnp.sqrt(jnp.where(x > 0, x, 1.0)), 0.0).sum() + jnp.mean(x)
+    )(x)
+    np.testing.assert_array_equal(np.asarray(grad), np.asarray(plain_grad))
+    # and the staged gradient is the same numbers
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(jax.grad(staged))(x)), np.asarray(plain_grad), rtol=1e-6
+    )

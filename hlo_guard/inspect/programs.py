@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hlo_guard.api import GuardedFunction, guard
+from hlo_guard.api import GuardedFunction, evaluating_the_inspected_program, guard
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.graph import is_inexact_aval
 from hlo_guard.jax_frontend.tracing import merge_arguments, signature_of
@@ -56,7 +56,9 @@ class Programs:
     @classmethod
     def build(cls, fn, args: Sequence[Any], kwargs: dict) -> Programs:
         g = as_guarded(fn)
-        program, leaves = g.traced(*args, **kwargs)
+        # the program a call outside any trace evaluates, whose calls name
+        # the user's jnp functions; flat() evaluates the same one when traced
+        program, leaves = g.traced_for(False, args, kwargs)
         _, _, _, _, static = signature_of(g.fn, args, kwargs, g.static_argnums, g.static_argnames)
         name = getattr(g.fn, "__name__", None) or "fn"
         return cls(g, program, list(leaves), static, len(args), name)
@@ -121,7 +123,8 @@ class Programs:
 
         def flat_fn(*leaves):
             args, kwargs = merge_arguments(layout.unflatten(leaves), static, n_args)
-            return jax.tree_util.tree_leaves(target(*args, **kwargs))
+            with evaluating_the_inspected_program():
+                return jax.tree_util.tree_leaves(target(*args, **kwargs))
 
         flat_fn.__name__ = flat_fn.__qualname__ = self.name
         return flat_fn

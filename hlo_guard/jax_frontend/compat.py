@@ -119,6 +119,27 @@ def _keeps_inline_jits(trace) -> bool:
     return any(trace is t for t in getattr(_local, "traces", ()))
 
 
+def staged_into_a_jaxpr() -> bool:
+    """Whether what is bound now ends up in a jaxpr being traced: the
+    current trace is a jaxpr trace or transforms into one (a JVP or batching
+    trace whose parent chain reaches one: ``jax.jit(jax.grad(f))``).  Not
+    for eager evaluation, and not for an eager ``jax.grad``, whose primal
+    values are computed as they go (its partial-evaluation trace is not a
+    jaxpr trace of this kind); False when the chain cannot be read."""
+    from jax._src import core as jcore
+    from jax._src.interpreters import partial_eval as pe
+
+    staging = getattr(pe, "DynamicJaxprTrace", None)
+    trace = getattr(jcore.trace_ctx, "trace", None)
+    for _ in range(256):  # a transformation stack deeper than this: say no
+        if trace is None or staging is None:
+            return False
+        if isinstance(trace, staging):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False  # pragma: no cover
+
+
 def evaluating_eagerly() -> bool:
     """Whether operations bound now run at once (JAX's eval trace) rather
     than being staged or transformed."""

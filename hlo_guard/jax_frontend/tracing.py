@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,19 +233,30 @@ def spec_of(aval):
 
 
 def trace(
-    fn, avals, layout: LeafLayout, static, n_args, static_argnums=(), static_argnames=()
+    fn,
+    avals,
+    layout: LeafLayout,
+    static,
+    n_args,
+    static_argnums=(),
+    static_argnames=(),
+    keep_inline_jits: bool = True,
 ) -> TracedProgram:
     """``fn``'s jaxpr at these argument types, and its analysis.
 
-    ``jit(inline=True)`` calls made directly by ``fn`` (``jnp.mean``, every
-    ``jnp`` ufunc) stay calls in the jaxpr: eager JAX runs each as one compiled
-    computation, and so must eager ``guard(fn)`` to give the same bits.  JAX's
-    tracing errors name ``fn`` and its arguments, not this flat wrapper."""
+    ``keep_inline_jits``: ``jit(inline=True)`` calls made directly by ``fn``
+    (``jnp.mean``, every ``jnp`` ufunc) stay calls in the jaxpr: eager JAX
+    runs each as one compiled computation, and so must eager ``guard(fn)``
+    to give the same bits.  A program staged into a jaxpr is compiled whole
+    and needs no such boundary: its trace inlines them, as JAX's does.
+    JAX's tracing errors name ``fn`` and its arguments, not this flat
+    wrapper."""
     out_tree_box = []
 
     def flat_fn(*leaves):
         args, kwargs = merge_arguments(layout.unflatten(leaves), static, n_args)
-        with keep_inline_jits_of_current_trace():
+        keep = keep_inline_jits_of_current_trace() if keep_inline_jits else nullcontext()
+        with keep:
             out = fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_box.append(out_tree)
