@@ -289,7 +289,10 @@ def test_an_inline_calls_rewritten_body_is_evaluated_in_place(monkeypatch):
     the jaxpr), the rewrite calls the guarded body in place rather than
     tracing it to a jaxpr of its own first; the program, and every
     equation's location (the call's, as JAX's inlining gives), are those of
-    binding it."""
+    binding it.  A program staged under ``jax.jit`` is traced with such
+    calls inlined already; the eager program keeps them, and is what the
+    inspection tools evaluate inside ``make_jaxpr``."""
+    from hlo_guard.api import evaluating_the_inspected_program
     from hlo_guard.jax_frontend import interpreter, staged_bodies
 
     made = []
@@ -304,12 +307,15 @@ def test_an_inline_calls_rewritten_body_is_evaluated_in_place(monkeypatch):
     # every call makes its guarded body here (none is staged from an earlier test)
     monkeypatch.setattr(staged_bodies, "enabled", False)
     args = (ARGS[0], ARGS[1][:, :1])
-    in_place = jax.make_jaxpr(hlo_guard.guard(with_inline_call))(*args)
+
+    def eager_program_traced():
+        with evaluating_the_inspected_program():
+            return jax.make_jaxpr(hlo_guard.guard(with_inline_call))(*args)
+
+    in_place = eager_program_traced()
     root = [fn for name, fn in made if name == "inline_root"]
     assert len(root) == 1  # the body is rewritten
-    bound = _without_restage(
-        monkeypatch, lambda: jax.make_jaxpr(hlo_guard.guard(with_inline_call))(*args)
-    )
+    bound = _without_restage(monkeypatch, eager_program_traced)
     assert str(in_place) == str(bound)
     assert _locations(in_place.jaxpr) == _locations(bound.jaxpr)
     # in place exactly where JAX itself inlines the call (oracle: plain tracing)
