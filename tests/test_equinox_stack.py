@@ -136,3 +136,24 @@ def test_a_whole_optimistix_root_find_is_reported_and_diagnosed():
     inner = jax.grad(lambda a: root(hg.guard(residual), a))(a)
     np.testing.assert_allclose(inner, jax.grad(lambda a: root(residual_dw, a))(a), rtol=1e-6)
     assert hg.diagnose(whole, a).groups
+
+
+def test_equinox_nondifferentiable_backward_passes_lanes_through_unreported():
+    """Equinox's ``nondifferentiable_backward`` (four in every optimistix solve)
+    is the identity, whose transpose only checks that the cotangent is zero:
+    a pass-through op, not a primitive without a rule ('no rule ... treated
+    as fully live' for each, which buried the one report that matters)."""
+
+    def residual(y, a):
+        return jnp.where(a > 0, y - jnp.sqrt(a), y)
+
+    a = jnp.array([0.0, 1.0, 4.0])
+    report = hg.explain(
+        lambda a: optx.root_find(
+            residual, optx.Newton(1e-6, 1e-6), jnp.ones(3), a, max_steps=20
+        ).value.sum(),
+        a,
+    )
+    ops = [s.op for s in report.unguarded]
+    assert "nondifferentiable_backward" not in ops
+    assert "custom_jvp_call" in ops  # the solve's own rule is still reported

@@ -207,3 +207,10 @@ ONLY_IN_SOME_VERSIONS: dict[str, str] = {
     "polynomial": "jax 0.12+",
     "program_order": "jax 0.11 only",
 }
+
+
+#: Primitives a library other than JAX defines, which the rule table keys on
+#: (the library may not be installed, so JAX's own list never holds them).
+LIBRARY_PRIMITIVES: dict[str, str] = {
+    "nondifferentiable_backward": "equinox.internal (every optimistix solve): the identity",
+}

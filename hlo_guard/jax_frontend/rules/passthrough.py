@@ -46,6 +46,9 @@ PASS_THROUGH = [
     "relayout",  # jax 0.11+: a layout change, value unchanged
     "name",
     "layout_constraint",
+    # Equinox (every optimistix solve): the identity, whose transpose checks
+    # that the cotangent is zero; lanes pass through it unchanged
+    "nondifferentiable_backward",
 ]
 
 
