@@ -123,8 +123,7 @@ class GuardedFunction:
         key, leaves, avals, layout, static = signature_of(
             self.fn, args, kwargs, self.static_argnums, self.static_argnames
         )
-        inline = bool(staged)
-        key = (key, inline)
+        key = (key, bool(staged))
         program = self._cache.get(key)
         if program is None:
             program = trace(
@@ -135,7 +134,7 @@ class GuardedFunction:
                 len(args),
                 self.static_argnums,
                 self.static_argnames,
-                keep_inline_jits=not inline,
+                keep_inline_jits=not staged,
             )
             # A function that closes over a tracer of an enclosing transformation
             # (guard inside jax.grad of something else) bakes that tracer into the

@@ -331,19 +331,13 @@ def restage(eqn, invals, source=None, ctx=None):
     trace = _plain_jaxpr_trace()
     if trace is None:
         return None
-    _, _, tracer_type, rules, current_source, literal = _RESTAGE
+    rules, current_source = _RESTAGE[3], _RESTAGE[4]
     if eqn.effects or (eqn.primitive in rules and not _jit_staged_plainly(eqn)):
         return None
-    tracers = []
-    for v, x in zip(eqn.invars, invals):
-        if type(v) is literal:
-            if source is None:
-                source = current_source()
-            tracers.append(tracer_type(trace, v.aval, v, source))
-            continue
-        if not _staged_in(x, trace) or x.aval != v.aval:
-            return None
-        tracers.append(x)
+    found = _operand_tracers(trace, eqn, invals, source)
+    if found is None:
+        return None
+    tracers, source = found
     out_avals = [v.aval for v in eqn.outvars]
     if any(getattr(a, "has_qdd", False) for a in out_avals):
         return None  # mutable state: its type evolves, leave it to bind
@@ -353,6 +347,26 @@ def restage(eqn, invals, source=None, ctx=None):
     if source is None:
         source = current_source()
     return trace.emit_eqn(tracers, out_avals, eqn.primitive, eqn.params, eqn.effects, source, ctx)
+
+
+def _operand_tracers(trace, eqn, invals, source):
+    """``(tracers, source)``: ``eqn``'s operands as tracers of ``trace``, as
+    binding would see them -- a literal as a tracer holding it, at ``source``
+    (taken now when None and a literal needs it), every other operand a
+    tracer of ``trace`` with the type the equation was traced with -- or None
+    when one is not (then binding is not the same as copying)."""
+    _, _, tracer_type, _, current_source, literal = _RESTAGE
+    tracers = []
+    for v, x in zip(eqn.invars, invals):
+        if type(v) is literal:
+            if source is None:
+                source = current_source()
+            tracers.append(tracer_type(trace, v.aval, v, source))
+        elif _staged_in(x, trace) and x.aval == v.aval:
+            tracers.append(x)
+        else:
+            return None
+    return tracers, source
 
 
 def inline_in_place(eqn, invals, source):
@@ -380,15 +394,10 @@ def inline_in_place(eqn, invals, source):
         or _keeps_inline_jits(trace)
     ):
         return None
-    tracer_type, literal = _RESTAGE[2], _RESTAGE[5]
-    tracers = []
-    for v, x in zip(eqn.invars, invals):
-        if type(v) is literal:
-            tracers.append(tracer_type(trace, v.aval, v, source))
-        elif _staged_in(x, trace) and x.aval == v.aval:
-            tracers.append(x)
-        else:
-            return None
+    found = _operand_tracers(trace, eqn, invals, source)
+    if found is None:
+        return None
+    tracers = found[0]
     body = params["jaxpr"]
     consts = getattr(body, "consts", None)
     inner = body if hasattr(body, "eqns") else getattr(body, "jaxpr", None)
@@ -425,18 +434,13 @@ def staged_call_equation(outs, args):
         or any(t is not a for t, a in zip(ins, args) if _staged_in(a, trace))
     ):
         return None
-    params = parent.params
-    if params.get("compiler_options_kvs") or jit_inlined_while_tracing(params):
-        return None
-    body = params.get("jaxpr")
-    consts = getattr(body, "consts", None)
-    if consts is None:  # pragma: no cover - a future JAX
+    if not _jit_staged_plainly(parent):
         return None
     from jax.core import Tracer
 
-    if any(isinstance(c, (Tracer, _PLAIN_JIT[1])) for c in consts):
+    if any(isinstance(c, Tracer) for c in parent.params["jaxpr"].consts):
         return None
-    return parent.primitive, params
+    return parent.primitive, parent.params
 
 
 def no_mesh_in_context() -> bool:
@@ -497,10 +501,9 @@ def bind_staged_call(staged, args):
             if _CANONICAL_VALUE is None:  # pragma: no cover - a future JAX
                 return None
             x = trace.to_jaxpr_tracer(_CANONICAL_VALUE(x), _RESTAGE[4]())
-        t = x
-        if t.aval != v.aval:
+        if x.aval != v.aval:
             return None
-        operands.append(t)
+        operands.append(x)
     return list(primitive.bind(*operands, **params))
 
 

@@ -34,19 +34,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import weakref
 from collections import OrderedDict
 from typing import Any, cast
 
 import numpy as np
 
-from hlo_guard.jax_frontend.compat import (
-    bind_staged_call,
-    register_with_clear_caches,
-    staged_call_equation,
-)
+from hlo_guard.jax_frontend.compat import bind_staged_call, staged_call_equation
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken, Var
 from hlo_guard.jax_frontend.plan import plan_of
+from hlo_guard.jax_frontend.trace_cache import WeakCacheByJaxpr
 from hlo_guard.jax_frontend.value_bounds import lower_bound
 from passes.analysis import Analysis
 from passes.lattice import Liveness
@@ -232,22 +228,21 @@ def fingerprint(sub: Analysis, mode: str) -> tuple | None:
         return None
 
 
-class StagedBodies:
+class StagedBodies(WeakCacheByJaxpr):
     """body jaxpr (weakly) -> {context key: (constants, staged call)}."""
 
     def __init__(self):
-        self._entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.hits = self.misses = 0
-        register_with_clear_caches(self, "hlo_guard guarded jit bodies")
+        super().__init__("hlo_guard guarded jit bodies")
 
     def get(self, body, consts, key, args):
         """The outputs of the staged call for ``key`` bound to ``args``, or None."""
-        per_body = self._entries.get(body)
+        per_body = self.entries.get(body)
         found = None if per_body is None else per_body.get(key)
-        if found is None or len(found[0]) != len(consts):
-            self.misses += 1
-            return None
-        if any(a is not b for a, b in zip(found[0], consts)):
+        if (
+            found is None
+            or len(found[0]) != len(consts)
+            or any(a is not b for a, b in zip(found[0], consts))
+        ):
             self.misses += 1
             return None
         outs = bind_staged_call(found[1], args)
@@ -265,25 +260,15 @@ class StagedBodies:
         if staged is None:
             return
         try:
-            per_body = self._entries.get(body)
+            per_body = self.entries.get(body)
         except TypeError:  # pragma: no cover - a body that cannot be weakly keyed
             return
         if per_body is None:
-            per_body = self._entries[body] = OrderedDict()
+            per_body = self.entries[body] = OrderedDict()
         per_body[key] = (tuple(consts), staged)
         per_body.move_to_end(key)
         while len(per_body) > CONTEXTS_PER_BODY:
             per_body.popitem(last=False)
-
-    # -- the interface jax.clear_caches() expects --------------------------------
-    def cache_clear(self) -> None:
-        self._entries = weakref.WeakKeyDictionary()
-
-    def cache_info(self):
-        return (self.hits, self.misses, len(self._entries))
-
-    def cache_keys(self):
-        return []
 
 
 STAGED_BODIES = StagedBodies()

@@ -8,10 +8,15 @@ together exceed ``max_bytes`` (an array shared by several traces, like the
 caller's own parameters, counts once; arrays computed while tracing are new in
 every trace) -- and ``jax.clear_caches()`` empties it (as it empties JAX's
 own jit caches).  The most recent trace is always kept.
+
+:class:`WeakCacheByJaxpr` is the other kind of cache here: entries weakly
+keyed by a library function's jaxpr, for the rewrite's per-body work shared
+across traces.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
@@ -155,3 +160,25 @@ class TraceCache:
 
     def cache_keys(self):
         return list(self._entries.keys())
+
+
+class WeakCacheByJaxpr:
+    """A cache weakly keyed by jaxpr objects (a library's function bodies,
+    which JAX's own caches hand to every trace): an entry lives as long as
+    its jaxpr, and ``jax.clear_caches()`` empties it, as it empties the caches
+    that keep those jaxprs alive.  Subclasses fill ``entries``."""
+
+    def __init__(self, what: str):
+        self.entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.hits = self.misses = 0
+        register_with_clear_caches(self, what)
+
+    # -- the interface jax.clear_caches() expects ------------------------------------
+    def cache_clear(self) -> None:
+        self.entries = weakref.WeakKeyDictionary()
+
+    def cache_info(self):
+        return (self.hits, self.misses, len(self.entries))
+
+    def cache_keys(self):
+        return []

@@ -27,11 +27,7 @@ from hlo_guard.jax_frontend.bodies import (
     holds_throughout,
     scope_name,
 )
-from hlo_guard.jax_frontend.compat import (
-    evaluating_eagerly,
-    register_with_clear_caches,
-    scan_layout,
-)
+from hlo_guard.jax_frontend.compat import evaluating_eagerly, scan_layout
 from hlo_guard.jax_frontend.graph import (
     JaxprGraph,
     body_graph,
@@ -43,6 +39,7 @@ from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
+from hlo_guard.jax_frontend.trace_cache import WeakCacheByJaxpr
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import NONE
 from passes.planning import plan_output_guards
@@ -464,6 +461,31 @@ def analysis_of_body(body, scope: str):
     return analyze(JaxprGraph(body, scope), RULES, [LIVE] * len(body.outvars))
 
 
+#: jaxpr -> no loop in it or in the calls inside it (:func:`_body_iterates`)
+_LOOP_FREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: jaxpr -> no selection in it or in the calls inside it (:func:`_body_selects`)
+_SELECT_FREE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _none_of(names):
+    """A :func:`holds_throughout` judge: no equation named in ``names``,
+    looking into plain calls' bodies."""
+
+    def judge(eqn):
+        name = eqn.primitive.name
+        if name in names:
+            return False
+        if name in CALL_BODY_PARAM:
+            return [body_of(eqn)[0]]
+        return True
+
+    return judge
+
+
+_NO_LOOP = _none_of(("while", "scan"))
+_NO_SELECTION = _none_of(("select_n", "max", "min", "clamp"))
+
+
 def _body_iterates(jaxpr) -> bool:
     """Whether a custom call's primal body holds a loop (``while``/``scan``,
     in nested calls too): an iterative solve (optimistix's root find, whose
@@ -471,13 +493,7 @@ def _body_iterates(jaxpr) -> bool:
     the body's residual again, where dead lanes of a selection can leak, so
     it is reported as a ``custom_vjp`` is; formula rules (``relu``,
     ``logaddexp``) hold no loop and are not."""
-    for e in jaxpr.eqns:
-        name = e.primitive.name
-        if name in ("while", "scan"):
-            return True
-        if name in CALL_BODY_PARAM and _body_iterates(body_of(e)[0]):
-            return True
-    return False
+    return not holds_throughout(jaxpr, _LOOP_FREE_CACHE, _NO_LOOP)
 
 
 def _rule_may_zero_lanes(eqn) -> bool:
@@ -489,13 +505,7 @@ def _rule_may_zero_lanes(eqn) -> bool:
 
 
 def _body_selects(jaxpr) -> bool:
-    for e in jaxpr.eqns:
-        name = e.primitive.name
-        if name in ("select_n", "max", "min", "clamp"):
-            return True
-        if name in CALL_BODY_PARAM and _body_selects(body_of(e)[0]):
-            return True
-    return False
+    return not holds_throughout(jaxpr, _SELECT_FREE_CACHE, _NO_SELECTION)
 
 
 def probe_rule_tangents(mctx, eqn, in_masks):
@@ -544,28 +554,11 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     return [NONE if m is None else normalize(m) for m in found]
 
 
-class _ProbeJaxprs:
-    """custom_jvp primal body (weakly: JAX traces a rule's call once per
-    argument types and hands the same jaxpr object to every trace) ->
-    {(operand, argument types, parameters): (the JVP rule, the probe of that
-    operand as a jaxpr, its output indices)}.  ``jax.clear_caches()``
-    empties it, as it empties the caches that keep those bodies alive."""
-
-    def __init__(self):
-        self.entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        register_with_clear_caches(self, "hlo_guard custom_jvp rule probes")
-
-    def cache_clear(self) -> None:
-        self.entries = weakref.WeakKeyDictionary()
-
-    def cache_info(self):
-        return len(self.entries)
-
-    def cache_keys(self):
-        return []
-
-
-_PROBE_JAXPRS = _ProbeJaxprs()
+#: custom_jvp primal body (weakly: JAX traces a rule's call once per argument
+#: types and hands the same jaxpr object to every trace) -> {(operand,
+#: argument types, parameters): (the JVP rule, the probe of that operand as a
+#: jaxpr, its output indices)}
+_PROBE_JAXPRS = WeakCacheByJaxpr("hlo_guard custom_jvp rule probes")
 
 
 def _probe_once(eqn, k, probe, args) -> dict:
