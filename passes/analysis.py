@@ -50,6 +50,10 @@ class Analysis:
     placement: Any = field(default=None, repr=False, compare=False)
     #: :meth:`selects_anywhere`, once asked
     _selects_anywhere: bool | None = field(default=None, repr=False, compare=False)
+    #: ``(caller analysis, node, sub-graph index)`` of a nested analysis made
+    #: by :meth:`analyze_sub`: a front end may evaluate a body in its caller's
+    #: context (the JAX front end's forward-mode context of a call body)
+    caller: tuple[Analysis, int, int] | None = field(default=None, repr=False, compare=False)
 
     def value_liveness(self, value: Hashable) -> Liveness:
         if value is None:
@@ -98,6 +102,7 @@ class Analysis:
         self, node: int, index: int, graph: Graph, out_liveness: Sequence[Liveness]
     ) -> Analysis:
         sub = analyze(graph, self.rules, out_liveness)
+        sub.caller = (self, node, index)
         self.subs[(node, index)] = sub
         return sub
 

@@ -9,7 +9,10 @@ that ``sqrt``: two selects (and two tangent masks) for one hazard, and for a
 guards cover the call exactly when the body's forward analysis (inputs live)
 *is* the caller's context: every operand's tangent is live there.  Operands
 with a partly zero or no tangent keep the caller's guard -- the body, analysed
-with live inputs, does not see the zeros that context makes.
+with live inputs, does not see the zeros that context makes -- unless the body
+mixes lanes after such an operation (``sqrt(v) + mean(v)``): a guard on its
+outputs could not clean mixed lanes, so the body is evaluated in the caller's
+forward context instead, its operands' tangent masks passed in.
 
 Oracle: the hand double where, in forward mode (``jvp``/``jacfwd``), reverse
 mode and the second-order compositions.
@@ -348,24 +351,111 @@ def _sqrt_plus_mean(v):
     return jnp.sqrt(v) + jnp.mean(v)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (found 2026-11-26): a partly zero tangent entering a lane-mixing "
-    "jit body is not guarded inside it in forward mode; the caller's output guard "
-    "cannot clean lanes the body's mean has mixed (reverse mode is exact)",
-)
-def test_forward_mode_through_a_lane_mixing_body_entered_by_zero_tangent_lanes():
-    def f(x):
-        return _sqrt_plus_mean(jnp.where(x > 0, x, 0.0)).sum()
+def _sqrt_plus_mean_oracle(pos, x):
+    """``_sqrt_plus_mean(where(pos, x, 0))`` with a double where."""
+    inner = jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
+    return inner + jnp.mean(jnp.where(pos, x, 0.0))
 
-    def double_where(x):
-        pos = x > 0
-        inner = jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0)
-        return (inner + jnp.mean(jnp.where(pos, x, 0.0))).sum()
 
-    np.testing.assert_allclose(  # reverse mode: exact today
-        np.asarray(jax.jacrev(guard(f))(X)), np.asarray(jax.jacrev(double_where)(X)), rtol=1e-6
-    )
-    np.testing.assert_allclose(
-        np.asarray(jax.jacfwd(guard(f))(X)), np.asarray(jax.jacfwd(double_where)(X)), rtol=1e-6
-    )
+@jax.jit
+def _mixes_twice(v):
+    """A lane-mixing body whose lane-mixing call gets its operand's zero
+    tangent lanes through this body: the context is passed on a level."""
+    return _sqrt_plus_mean(v * 2.0) * jnp.max(v)
+
+
+def _checkpointed(v):
+    return jax.checkpoint(lambda u: jnp.sqrt(u) * jnp.sum(u))(v)
+
+
+#: (f, double-where oracle) of calls that mix lanes after a singular
+#: operation, entered by an operand whose tangent is zero in some lanes
+LANE_MIXING_BODIES = {
+    "jit": (
+        lambda x: _sqrt_plus_mean(jnp.where(x > 0, x, 0.0)).sum(),
+        lambda x: _sqrt_plus_mean_oracle(x > 0, x).sum(),
+    ),
+    "jit in jit": (
+        lambda x: _mixes_twice(jnp.where(x > 0, x, 0.0)).sum(),
+        lambda x: (
+            _sqrt_plus_mean_oracle(x > 0, 2.0 * x) * jnp.max(jnp.where(x > 0, x, 0.0))
+        ).sum(),
+    ),
+    "checkpoint": (
+        lambda x: _checkpointed(jnp.where(x > 0, x, 0.0)).sum(),
+        lambda x: (
+            jnp.where(x > 0, jnp.sqrt(jnp.where(x > 0, x, 1.0)), 0.0)
+            * jnp.sum(jnp.where(x > 0, x, 0.0))
+        ).sum(),
+    ),
+    "live and zero tangents, one body": (
+        lambda x: (_sqrt_plus_mean(x * x + 1.0) + _sqrt_plus_mean(jnp.where(x > 0, x, 0.0))).sum(),
+        lambda x: (
+            (jnp.sqrt(x * x + 1.0) + jnp.mean(x * x + 1.0)).sum()
+            + _sqrt_plus_mean_oracle(x > 0, x).sum()
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("case", sorted(LANE_MIXING_BODIES))
+def test_a_lane_mixing_body_entered_by_zero_tangent_lanes_is_guarded_inside(case, mode):
+    """Found by a helper's hunt (2026-11-26): in forward mode ``sqrt'(0)``
+    times the zero tangent is NaN inside the body and ``mean`` spread it to
+    every lane, where the caller's guard on the call's outputs selects
+    nothing.  The body is now evaluated in the caller's forward context, its
+    guard on the ``sqrt`` inside."""
+    f, oracle = LANE_MIXING_BODIES[case]
+    assert np.isnan(np.asarray(jax.jacfwd(f)(X))).any()  # a real leak unguarded
+    assert_like_double_where(MODES[mode], f, oracle, X)
+
+
+def test_a_lane_mixing_body_under_jit_gets_its_operands_tangent_masks():
+    f, oracle = LANE_MIXING_BODIES["jit"]
+    got = jax.jit(jax.jacfwd(guard(f)))(X)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jacfwd(oracle)(X)), rtol=1e-6)
+    top, inner = _call_output_sites(f, X)
+    assert top == []  # the caller no longer guards the mixed outputs
+    assert len(inner) == 1  # the body's sqrt, in the caller's context
+    calls = [e for e in jax.make_jaxpr(guard(f))(X).jaxpr.eqns if e.primitive.name == "jit"]
+    (call,) = [e for e in calls if e.params["name"] == "_sqrt_plus_mean"]
+    assert [(v.aval.dtype.name, v.aval.shape) for v in call.invars] == [
+        ("float32", (4,)),
+        ("bool", (4,)),
+    ]
+
+
+def test_a_tangent_mask_that_is_a_broadcast_is_passed_as_its_source():
+    """A column mask's tangent mask is passed as its ``[4]`` source and
+    broadcast again inside the body (as output masks are)."""
+
+    def f(x, c):
+        return _sqrt_plus_mean(jnp.where(c[None, :] > 0, x, 0.0)).sum()
+
+    def oracle(x, c):
+        pos = jnp.broadcast_to(c[None, :] > 0, x.shape)
+        return _sqrt_plus_mean_oracle(pos, x).sum()
+
+    x = jnp.stack([X, X[::-1], X * 2.0])
+    c = jnp.array([1.0, -1.0, 1.0, -1.0], jnp.float32)
+    assert np.isnan(np.asarray(jax.jacfwd(f)(x, c))).any()
+    for d in (jax.jacfwd, jax.jacrev):
+        got, want = d(guard(f))(x, c), d(oracle)(x, c)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+    (call,) = [
+        e
+        for e in jax.make_jaxpr(guard(f))(x, c).jaxpr.eqns
+        if e.primitive.name == "jit" and e.params["name"] == "_sqrt_plus_mean"
+    ]
+    assert [(v.aval.dtype.name, v.aval.shape) for v in call.invars] == [
+        ("float32", (3, 4)),
+        ("bool", (4,)),
+    ]
+
+
+def test_a_lane_local_body_keeps_the_one_guard_on_its_call():
+    """``outer_zero``'s body is lane-wise: the caller's guard on its output
+    covers the same lanes with one select, and no mask is passed in."""
+    top, inner = _call_output_sites(outer_zero, X)
+    assert len(top) == 1 and inner == []

@@ -16,6 +16,7 @@ import pytest
 
 import hlo_guard
 from hlo_guard.jax_frontend import interpreter, staged_bodies
+from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.staged_bodies import STAGED_BODIES, fingerprint
 
 # Each body mixes lanes (a mean, a sum), so that its caller cannot see
@@ -84,6 +85,21 @@ CONTEXTS = {
     "masked sqrt": (lambda x: jnp.where(x > 0, sqrt_plus(x), 0.0).sum(), (X,)),
     "nested": (lambda x: outer_calls_inner(x).sum(), (X,)),
     "nested, masked": (lambda x: jnp.where(x > 1, outer_calls_inner(x), 0.0).sum(), (X,)),
+    # bodies evaluated in their caller's forward context (tangent masks passed in)
+    "zero tangent into sqrt": (lambda x: sqrt_plus(jnp.where(x > 0, x, 0.0)).sum(), (X,)),
+    "zero tangent, other lanes": (lambda x: sqrt_plus(jnp.where(x < 1, x, 0.0)).sum(), (X,)),
+    "constant row of zero tangent": (
+        lambda x: sqrt_plus(jnp.where(jnp.arange(4) < 2, x, 0.0)).sum(),
+        (X,),
+    ),
+    "nested, zero tangent": (
+        lambda x: outer_calls_inner(jnp.where(x > 0, x, 0.0)).sum(),
+        (X,),
+    ),
+    "live and zero tangent": (
+        lambda x: sqrt_plus(x * x).sum() + sqrt_plus(jnp.where(x > 0, x, 0.0)).sum(),
+        (X,),
+    ),
     "twice in one program": (
         lambda x: log_or_zero(x).sum() + jnp.where(x < 1, log_or_zero(x + 1), 0.0).sum(),
         (X,),
@@ -181,6 +197,33 @@ def test_a_fingerprint_names_the_context_not_the_trace():
     assert fingerprint(a, "gradient") is not None
     assert fingerprint(a, "gradient") == fingerprint(b, "gradient")
     assert fingerprint(a, "gradient") != fingerprint(c, "gradient")
+
+
+def test_a_body_in_its_callers_forward_context_is_named_with_that_context():
+    """A body evaluated in its caller's forward context (tangent masks passed
+    in) reads the caller's forward analysis: its fingerprint names that
+    analysis the same way in every trace -- so a later trace shares it --
+    and differs from the same body entered by a live tangent."""
+
+    def subs_of(fn):
+        program, _ = hlo_guard.guard(fn).traced(X)
+        return [
+            sub
+            for (node, _), sub in program.analysis.subs.items()
+            if program.analysis.graph.eqns[node].params.get("name") == "sqrt_plus"
+        ]
+
+    zero = CONTEXTS["zero tangent into sqrt"][0]
+    (a,) = subs_of(lambda x: zero(x))
+    (b,) = subs_of(lambda x: zero(x))
+    (c,) = subs_of(lambda x: sqrt_plus(x * x).sum())
+    assert plan_of(a).forward_context is not None and plan_of(c).forward_context is None
+    assert fingerprint(a, "gradient") is not None
+    assert fingerprint(a, "gradient") == fingerprint(b, "gradient")
+    assert fingerprint(a, "gradient") != fingerprint(c, "gradient")
+    before = STAGED_BODIES.hits
+    assert _program(lambda x: zero(x), X) == _program(lambda x: zero(x), X)
+    assert STAGED_BODIES.hits > before
 
 
 @pytest.mark.parametrize(

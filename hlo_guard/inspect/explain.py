@@ -155,7 +155,7 @@ class _Explainer:
         out: list[SiteInfo] = []
         skipped = sorted(
             plan_of(analysis).record.skipped,
-            key=lambda t: (t[0], -1 if t[1] is None else t[1]),
+            key=lambda t: (t[0], "" if t[1] is None else repr(t[1])),
         )
         skipped_uses = {(n, i) for n, i, _ in skipped}
         passed_skip = self.passed_masks_skipped(analysis)
@@ -207,8 +207,11 @@ class _Explainer:
         out.extend(self.output_sites(analysis, skipped_uses))
         out.extend(self.contraction_sites(analysis, skipped_uses))
         for node, index, reason in skipped:
-            if isinstance(index, tuple):  # ("output", j): a skipped forward-mode guard
+            if isinstance(index, tuple) and index[0] == "output":  # a skipped forward guard
                 out.append(self.skipped_output(analysis, node, index[1], reason))
+                continue
+            if isinstance(index, tuple):  # ("tangent", i): a mask passed into a call body
+                out.append(self.skipped_tangent_mask(analysis, node, index[1], reason))
                 continue
             eqn = graph.eqns[node]
             if (
@@ -384,6 +387,27 @@ class _Explainer:
             category="skipped",
             node=node,
             reason=f"forward-mode guard on output {index} skipped: {reason}",
+        )
+
+    def skipped_tangent_mask(self, analysis, node, index, reason) -> SiteInfo:
+        """A call body evaluated in its caller's forward context whose operand
+        ``index``'s tangent mask could not be built: the body took that
+        tangent as live and guards nothing for it."""
+        graph = analysis.graph
+        eqn = graph.eqns[node]
+        loc, _ = self.tree.location(graph, node)
+        return SiteInfo(
+            kind="unguarded",
+            op=_op_name(eqn),
+            location=loc,
+            scope=graph.scope,
+            operand=index,
+            primitive=eqn.primitive.name,
+            mode="forward",
+            category="skipped",
+            node=node,
+            reason=f"forward-mode tangent mask of input {index} (passed into its body) "
+            f"skipped: {reason}",
         )
 
     def forward_origin(self, token) -> OriginInfo:

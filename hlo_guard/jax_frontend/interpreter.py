@@ -499,17 +499,37 @@ class Scope:
                 except ShadowUnavailable as exc:
                     self.record.skip(node, None, str(exc))
                     m = ALL
-                full = to_guard_mask(m, tuple(ov.aval.shape))
-                source, dims = broadcast_source(full)
-                if compact and source is not full:
-                    passed.append(source)
-                    layouts.append((tuple(ov.aval.shape), tuple(dims)))
-                else:
-                    passed.append(full)
-                    layouts.append(None)
+                _pass_mask(m, tuple(ov.aval.shape), compact, passed, layouts)
                 fixed.append(None)
             else:
                 fixed.append(ALL if lv.is_live else NONE)
+        return passed, fixed, layouts
+
+    def tangent_masks_for(self, node: int):
+        """Tangent masks of call ``node``'s operands to pass into a body
+        evaluated in this forward context (:attr:`GuardPlan.forward_context`):
+        ``(passed, fixed, layouts)`` as for :meth:`output_masks_for` (always
+        compact), ``fixed`` None for a call guarded in its own context.  A
+        mask that needs an effectful value is passed as ALL (the operand's
+        tangent taken as live, so the body guards nothing for it) and
+        reported as a skipped guard."""
+        if node not in self.plan.forward_context_calls:
+            return [], None, []
+        eqn = self.graph.eqns[node]
+        passed: list[Any] = []
+        fixed: list[Any] = []
+        layouts: list[Any] = []
+        for i, v in enumerate(eqn.invars):
+            try:
+                m = self.tangent_mask(v)
+            except ShadowUnavailable as exc:
+                self.record.skip(node, ("tangent", i), str(exc))
+                m = ALL
+            if m is ALL or m is NONE:
+                fixed.append(m)
+            else:
+                _pass_mask(m, tuple(v.aval.shape), True, passed, layouts)
+                fixed.append(None)
         return passed, fixed, layouts
 
     def _bind(self, node, eqn, invals):
@@ -517,6 +537,20 @@ class Scope:
         if binder is not None and node in self.plan.rewritten_bodies(self.mode):
             return binder(self, node, eqn, invals)
         return bind_eqn(eqn, invals)
+
+
+def _pass_mask(mask, shape, compact: bool, passed: list, layouts: list) -> None:
+    """Append ``mask``, as passed into a traced body, to ``passed``: its
+    broadcast source when ``compact`` and it is a known broadcast (its
+    ``(shape, dims)`` in ``layouts``), else the full mask (layout None)."""
+    full = to_guard_mask(mask, shape)
+    source, dims = broadcast_source(full)
+    if compact and source is not full:
+        passed.append(source)
+        layouts.append((shape, tuple(dims)))
+    else:
+        passed.append(full)
+        layouts.append(None)
 
 
 def run_guarded(
@@ -527,15 +561,25 @@ def run_guarded(
     mode: str = "gradient",
     nested: bool = False,
     at_call_site: bool = False,
+    in_tmasks=None,
 ):
     """Evaluate ``analysis``'s jaxpr with guards.  ``mode="value"`` substitutes
     safe points in value-dead lanes where it can (:mod:`value_mode`);
     ``nested``: a call or control-flow body, whose outputs feed a caller;
-    ``at_call_site``: an inline call's body evaluated in place."""
+    ``at_call_site``: an inline call's body evaluated in place;
+    ``in_tmasks``: its inputs' tangent masks, for a body evaluated in its
+    caller's forward context."""
     if out_masks is None:
         out_masks = [ALL] * len(cast(JaxprGraph, analysis.graph).jaxpr.outvars)
     scope = Scope(
-        analysis, consts, args, out_masks, mode=mode, nested=nested, at_call_site=at_call_site
+        analysis,
+        consts,
+        args,
+        out_masks,
+        mode=mode,
+        nested=nested,
+        at_call_site=at_call_site,
+        in_tmasks=in_tmasks,
     )
     return scope.run()
 
@@ -552,10 +596,13 @@ def _guarded_body(
     nested: bool = True,
     at_call_site: bool = False,
     layouts: Sequence[Any] = (),
+    tfixed: Sequence[Any] | None = None,
 ):
     """A function (*args, *passed_masks) -> outputs evaluating ``sub`` guarded;
     a passed mask with a layout (see :meth:`Scope.output_masks_for`) is the
-    source of a broadcast, rebuilt here."""
+    source of a broadcast, rebuilt here.  The passed masks are the outputs'
+    (``fixed``) and then, for a body evaluated in its caller's forward
+    context, the inputs' tangent masks (``tfixed``)."""
 
     def body(*args_and_masks):
         args = args_and_masks[:n_args]
@@ -565,8 +612,16 @@ def _guarded_body(
                 given[k] = lax_broadcast_in_dim(given[k], *layout)
         passed = iter(given)
         out_masks = [next(passed) if f is None else f for f in fixed]
+        in_tmasks = None if tfixed is None else [next(passed) if f is None else f for f in tfixed]
         return run_guarded(
-            sub, consts, args, out_masks, mode=mode, nested=nested, at_call_site=at_call_site
+            sub,
+            consts,
+            args,
+            out_masks,
+            mode=mode,
+            nested=nested,
+            at_call_site=at_call_site,
+            in_tmasks=in_tmasks,
         )
 
     return body
@@ -609,7 +664,8 @@ def _shared_body_key(scope: Scope, node, eqn, context):
     body, consts = body_of(eqn)
     key = (
         found,
-        tuple("passed" if f is None else "all" if f is ALL else "none" for f in context.fixed),
+        _mask_pattern(context.fixed),
+        _mask_pattern(context.tfixed),
         tuple(context.layouts),
         context.nested,
         str(eqn.params.get("name")),
@@ -618,12 +674,21 @@ def _shared_body_key(scope: Scope, node, eqn, context):
     return body, consts, key
 
 
+def _mask_pattern(fixed) -> tuple | None:
+    """Which masks are passed and which fixed ALL/NONE, as a cache key."""
+    if fixed is None:
+        return None
+    return tuple("passed" if f is None else "all" if f is ALL else "none" for f in fixed)
+
+
 @dataclass(frozen=True)
 class _CallContext:
     """How call ``node``'s guarded body is made here: its analysis, the
-    output masks passed in (and which are fixed ALL/NONE, and the layouts of
-    the passed ones), value-mode nesting, and whether it is evaluated in
-    place."""
+    masks passed in (the outputs' masks, then the operands' tangent masks
+    for a body evaluated in the caller's forward context), which of each are
+    fixed ALL/NONE (``fixed``, ``tfixed``; ``tfixed`` None when no tangent
+    masks are passed), the layouts of the passed ones, value-mode nesting,
+    and whether it is evaluated in place."""
 
     sub: Analysis
     passed: list
@@ -631,11 +696,14 @@ class _CallContext:
     layouts: list
     nested: bool
     inline_here: bool
+    tfixed: list | None = None
 
 
 def _call_context(scope: Scope, node, eqn) -> _CallContext:
     sub = scope.analysis.subs[(node, 0)]
     passed, fixed, layouts = scope.output_masks_for(node, sub, compact=True)
+    tpassed, tfixed, tlayouts = scope.tangent_masks_for(node)
+    passed, layouts = passed + tpassed, layouts + tlayouts
     # a jit that binding here would inline: call its guarded body directly
     # instead of tracing it to a jaxpr JAX then copies in
     inline_here = (
@@ -643,7 +711,7 @@ def _call_context(scope: Scope, node, eqn) -> _CallContext:
         and jit_inlined_while_tracing(eqn.params)
         and inline_jits_inline_here()
     )
-    return _CallContext(sub, passed, fixed, layouts, scope.body_nested(node), inline_here)
+    return _CallContext(sub, passed, fixed, layouts, scope.body_nested(node), inline_here, tfixed)
 
 
 def _guarded_call(scope: Scope, node, eqn, n_invals):
@@ -657,12 +725,21 @@ def _guarded_callable(scope: Scope, node, eqn, n_invals, context: _CallContext):
     sub, fixed, layouts = context.sub, context.fixed, context.layouts
     nested, inline_here = context.nested, context.inline_here
     name = eqn.primitive.name
-    key = (node, tuple(f is None for f in fixed), tuple(layouts), scope.mode, nested, inline_here)
+    tfixed = context.tfixed
+    key = (
+        node,
+        _mask_pattern(fixed),
+        _mask_pattern(tfixed),
+        tuple(layouts),
+        scope.mode,
+        nested,
+        inline_here,
+    )
     fn = scope.plan.callables.get(key)
     if fn is None:
         body, consts = body_of(eqn)
         inner = _guarded_body(
-            sub, consts, n_invals, fixed, scope.mode, nested, inline_here, layouts
+            sub, consts, n_invals, fixed, scope.mode, nested, inline_here, layouts, tfixed
         )
         if inline_here:
             fn = inner

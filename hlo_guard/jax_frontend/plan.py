@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
+from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky, body_of
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
 from hlo_guard.jax_frontend.rule_table import RULES
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
@@ -35,6 +35,9 @@ from passes.planning import (
     plan_guards,
     plan_output_guards,
 )
+
+if TYPE_CHECKING:  # (the rules package imports this module)
+    from hlo_guard.jax_frontend.rules.base import JaxRule
 
 #: primitives whose bodies the interpreter evaluates with guards
 _GUARDED_BODIES = REWRITTEN_CALLS | {"cond", "while", "scan", "shard_map"}
@@ -108,10 +111,50 @@ class GuardPlan:
     def forward(self) -> ForwardAnalysis:
         """Tangent liveness of the graph evaluated with guards: its inputs (and
         constants, which may be tracers closed over from an outer
-        transformation) count as fully live."""
+        transformation) count as fully live -- unless it is a call body its
+        caller evaluates in the caller's forward context
+        (:attr:`forward_context`)."""
+        context = self.forward_context
+        if context is not None:
+            return context
         graph = self.graph
         n_in = len(graph.jaxpr.invars) + len(graph.jaxpr.constvars)
         return analyze_forward(graph, RULES, [LIVE] * n_in)
+
+    @cached_property
+    def forward_context(self) -> ForwardAnalysis | None:
+        """The caller's forward analysis of this body, when the caller
+        evaluates it in that context and passes its operands' tangent masks
+        in (:meth:`Call.guards_in_forward_context`); None otherwise.  Found
+        through the analysis's link to its caller, so that it does not
+        matter which plan of the tree is asked first."""
+        caller = self.analysis.caller
+        if caller is None:
+            return None
+        parent, node, k = caller
+        parent_plan = plan_of(parent)
+        if node not in parent_plan.forward_context_calls:
+            return None
+        return parent_plan.forward.subs.get((node, k))
+
+    @cached_property
+    def forward_context_calls(self) -> frozenset[int]:
+        """Call nodes whose bodies are evaluated in this graph's forward
+        context (their operands' tangent masks passed in)."""
+        found = set()
+        eqns = self.graph.eqns
+        for node, k in self.analysis.subs:
+            eqn = eqns[node]
+            if k != 0 or eqn.primitive.name not in REWRITTEN_CALLS:
+                continue
+            if not body_is_risky(body_of(eqn)[0]):
+                continue
+            rule = cast("JaxRule | None", self.analysis.rules.get(eqn.primitive.name))
+            if rule is not None and rule.guards_in_forward_context(
+                self.analysis, self.forward, node
+            ):
+                found.add(node)
+        return frozenset(found)
 
     @cached_property
     def output_sites_by_node(self) -> dict[int, list[OutputGuardSite]]:

@@ -18,7 +18,8 @@ key it) and its constants, the liveness the analysis found for every use
 and output, the nested analyses, the guard plan (sites, output guards,
 contractions, rewritten calls, which guards share a select), and what the
 body's graph knows about its caller (constant inputs, known constant values,
-lower bounds).  Anything the fingerprint cannot name -- a tracer, an object
+lower bounds, and the caller's forward analysis of a body evaluated in that
+context).  Anything the fingerprint cannot name -- a tracer, an object
 it does not know -- makes the call unshareable: it is then guarded as
 before.  Origin tokens and mask keys are renamed canonically, so that the
 same context in another trace gives the same fingerprint.
@@ -214,14 +215,42 @@ def _of_analysis(path: tuple, a: Analysis, mode: str, names: _Names) -> tuple:
             _mask_sharing(placement.mask_keys),
         ),
         _caller_facts(graph, names),
+        _forward_context(plan.forward_context, names),
     )
+
+
+def _forward_context(fa, names: _Names) -> tuple | None:
+    """A body evaluated in its caller's forward context
+    (``GuardPlan.forward_context``) reads that analysis -- the tangent
+    liveness of its inputs and of every value, nested bodies included --
+    where its own would take every input as live."""
+    if fa is None:
+        return None
+    graph = fa.graph
+    return (
+        names(fa.in_liveness, graph),
+        names(fa.values, graph),
+        tuple((key, _forward_context(fa.subs[key], names)) for key in sorted(fa.subs)),
+    )
+
+
+def _forward_graphs(fa, path: tuple, tree: dict[int, tuple]) -> None:
+    """Name the graphs of a forward context by their path, as the body's own."""
+    tree[id(fa.graph)] = path
+    for key in sorted(fa.subs):
+        _forward_graphs(fa.subs[key], (*path, "sub", key), tree)
 
 
 def fingerprint(sub: Analysis, mode: str) -> tuple | None:
     """Everything the guarded evaluation of ``sub``'s body reads, named so
     that equal contexts are equal; None when something cannot be named."""
     tree = _tree(sub)
-    names = _Names({id(a.graph): path for path, a in tree})
+    graphs = {id(a.graph): path for path, a in tree}
+    for path, a in tree:
+        context = plan_of(a).forward_context
+        if context is not None:
+            _forward_graphs(context, (*path, "forward"), graphs)
+    names = _Names(graphs)
     try:
         return tuple(_of_analysis(path, a, mode, names) for path, a in tree)
     except _Unnameable:

@@ -68,6 +68,13 @@ class JaxRule(Rule):
             return False
         return aval_shape(v) != aval_shape(eqn.outvars[0])
 
+    def guards_in_forward_context(self, backward, forward, node) -> bool:
+        """True for a call whose body is evaluated in its caller's forward
+        context: the body's plan reads the caller's forward analysis of it,
+        and the caller passes its operands' tangent masks in
+        (:meth:`Call.guards_in_forward_context`).  No other op has a body."""
+        return False
+
     def mask_passes_through(self, analysis, node, index) -> bool:
         """Elementwise and pass-through rules hand an operand of the output's
         shape the output's own mask (``reduce_to_shape`` of one mask to its

@@ -129,29 +129,61 @@ class Call(JaxRule):
           as in ``where(x > 0, log(x), 0)``, or only scaled by a known finite
           constant, as in ``8.0 * s``).
 
+        * or the body is evaluated in this forward context
+          (:meth:`guards_in_forward_context`), its output guards planned
+          from it.
+
         Not when the body holds an operation the forward half knows nothing
         about or control flow (those are only covered by the guard on the
         call).  Otherwise the caller guards: the body, analysed with live
         inputs, would not guard what a partly zero operand tangent makes
         zero inside it."""
-        if self.guards:
+        inner = self._inner_output_guards(backward, forward, node)
+        if inner is None:
             return False
+        if not inner:
+            return True
+        return not _keeps_lanes_apart_throughout(backward.subs[(node, 0)])
+
+    def guards_in_forward_context(self, backward, forward, node):
+        """A rewritten call entered by partly zero operand tangents whose body
+        *mixes lanes* after an operation those zeros make non-finite:
+        ``jit(lambda v: sqrt(v) + mean(v))`` on ``where(x > 0, x, 0)``.  In
+        forward mode ``sqrt'(0)`` times the zero tangent is NaN in that lane,
+        and ``mean`` spreads it to every lane of the output, whose tangent is
+        then live everywhere: a guard on the call's outputs selects nothing.
+        The body is therefore evaluated in this context -- its plan reads
+        this forward analysis of it, the operands' tangent masks are passed
+        in -- and its output guards sit on the singular operations inside,
+        before the mixing.  A lane-local body keeps the one guard on the
+        call's outputs (the cheaper select, and the same lanes)."""
+        inner = self._inner_output_guards(backward, forward, node)
+        return bool(inner) and not _keeps_lanes_apart_throughout(backward.subs[(node, 0)])
+
+    def _inner_output_guards(self, backward, forward, node):
+        """The output guards the body of rewritten call ``node`` needs in this
+        forward context (empty when every differentiable operand's tangent
+        is fully live: the body's own context), or None when the body is not
+        one whose output guards the forward half plans (a custom call,
+        control flow or an unknown operation inside)."""
+        if self.guards:
+            return None
         eqn = backward.graph.eqns[node]
         if eqn.primitive.name not in REWRITTEN_CALLS:
-            return False
+            return None
         if not _output_guards_cover(body_of(eqn)[0]):
-            return False
+            return None
         graph = forward.graph
         if all(
             graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
             for v in eqn.invars
         ):
-            return True
+            return []
         inner_backward = backward.subs.get((node, 0))
         inner_forward = forward.subs.get((node, 0))
         if inner_backward is None or inner_forward is None:
-            return False
-        return not plan_output_guards(inner_backward, inner_forward)
+            return None
+        return plan_output_guards(inner_backward, inner_forward)
 
 
 #: jaxpr -> :func:`_output_guards_cover`
