@@ -183,17 +183,24 @@ def test_nested_wrappers_keep_one_guard_and_one_probe():
 
 
 def test_body_with_control_flow_keeps_the_callers_guard():
-    """Control flow inside the body: the body's own output guards are not
-    planned across it, so the caller keeps its guard on the call."""
+    """A ``shard_map`` inside the body: the body's own output guards are
+    not planned across it, so the caller keeps its guard on the call.
+    (``cond``, ``scan`` and ``while`` bodies are guarded in the body's
+    context.)"""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
     from hlo_guard.jax_frontend.graph import JaxprGraph
     from hlo_guard.jax_frontend.rules import RULES
     from passes.analysis import analyze, analyze_forward
     from passes.lattice import LIVE
 
+    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+
     @jax.jit
     def looped(x):
         y = jnp.where(x > 0, x, 0.0)
-        return lax.fori_loop(0, 2, lambda i, c: c + jnp.sqrt(y), jnp.zeros_like(y))
+        return jax.shard_map(jnp.sqrt, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(y)
 
     def f(x):
         return jnp.sum(looped(x))
@@ -364,12 +371,25 @@ def _mixes_twice(v):
     return _sqrt_plus_mean(v * 2.0) * jnp.max(v)
 
 
+@jax.jit
+def _around_a_mixing_call(v):
+    """Passes its operand straight to a lane-mixing call: nothing here needs
+    a guard, but the context must be passed on to the call inside."""
+    return _sqrt_plus_mean(v)
+
+
+@jax.jit
+def _branching(v):
+    return lax.cond(v[3] > 0, _sqrt_plus_mean, lambda u: u, v) * 2.0
+
+
 def _checkpointed(v):
     return jax.checkpoint(lambda u: jnp.sqrt(u) * jnp.sum(u))(v)
 
 
-#: (f, double-where oracle) of calls that mix lanes after a singular
-#: operation, entered by an operand whose tangent is zero in some lanes
+#: (f, double-where oracle) of calls and branches that mix lanes after a
+#: singular operation (or hold one), entered by an operand whose tangent is
+#: zero in some lanes
 LANE_MIXING_BODIES = {
     "jit": (
         lambda x: _sqrt_plus_mean(jnp.where(x > 0, x, 0.0)).sum(),
@@ -388,6 +408,50 @@ LANE_MIXING_BODIES = {
             * jnp.sum(jnp.where(x > 0, x, 0.0))
         ).sum(),
     ),
+    "jit around a mixing jit": (
+        lambda x: _around_a_mixing_call(jnp.where(x > 0, x, 0.0)).sum(),
+        lambda x: _sqrt_plus_mean_oracle(x > 0, x).sum(),
+    ),
+    "cond": (
+        lambda x: lax.cond(x[3] > 0, _sqrt_plus_mean, lambda u: u, jnp.where(x > 0, x, 0.0)).sum(),
+        lambda x: _sqrt_plus_mean_oracle(x > 0, x).sum(),
+    ),
+    "lane-local cond": (
+        lambda x: lax.cond(x[3] > 0, jnp.sqrt, lambda u: u, jnp.where(x > 0, x, 0.0)).sum(),
+        lambda x: jnp.where(x > 0, jnp.sqrt(jnp.where(x > 0, x, 1.0)), 0.0).sum(),
+    ),
+    "jit holding a cond": (
+        lambda x: _branching(jnp.where(x > 0, x, 0.0)).sum(),
+        lambda x: (2.0 * _sqrt_plus_mean_oracle(x > 0, x)).sum(),
+    ),
+    "scan": (
+        lambda x: lax.scan(
+            lambda c, _: (_sqrt_plus_mean(c), None), jnp.where(x > 0, x, 0.0), None, length=1
+        )[0].sum(),
+        lambda x: _sqrt_plus_mean_oracle(x > 0, x).sum(),
+    ),
+    "scan over zeroed xs": (
+        lambda x: lax.scan(
+            lambda c, v: (c + _sqrt_plus_mean(v), None),
+            jnp.zeros(4),
+            jnp.stack([jnp.where(x > 0, x, 0.0), x * x + 1.0]),
+        )[0].sum(),
+        lambda x: (_sqrt_plus_mean_oracle(x > 0, x) + _sqrt_plus_mean(x * x + 1.0)).sum(),
+    ),
+    "fori_loop": (
+        lambda x: lax.fori_loop(
+            0, 1, lambda i, c: _sqrt_plus_mean(c), jnp.where(x > 0, x, 0.0)
+        ).sum(),
+        lambda x: _sqrt_plus_mean_oracle(x > 0, x).sum(),
+    ),
+    "while_loop": (
+        lambda x: lax.while_loop(
+            lambda c: c[0] < 1,
+            lambda c: (c[0] + 1, _sqrt_plus_mean(c[1])),
+            (0, jnp.where(x > 0, x, 0.0)),
+        )[1].sum(),
+        lambda x: _sqrt_plus_mean_oracle(x > 0, x).sum(),
+    ),
     "live and zero tangents, one body": (
         lambda x: (_sqrt_plus_mean(x * x + 1.0) + _sqrt_plus_mean(jnp.where(x > 0, x, 0.0))).sum(),
         lambda x: (
@@ -398,8 +462,16 @@ LANE_MIXING_BODIES = {
 }
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
-@pytest.mark.parametrize("case", sorted(LANE_MIXING_BODIES))
+@pytest.mark.parametrize(
+    "case, mode",
+    [
+        (case, mode)
+        for case in sorted(LANE_MIXING_BODIES)
+        for mode in sorted(MODES)
+        # (JAX has no reverse mode through a while loop)
+        if case != "while_loop" or mode in ("jacfwd", "jacfwd_jacfwd")
+    ],
+)
 def test_a_lane_mixing_body_entered_by_zero_tangent_lanes_is_guarded_inside(case, mode):
     """Found by a helper's hunt (2026-11-26): in forward mode ``sqrt'(0)``
     times the zero tangent is NaN inside the body and ``mean`` spread it to
@@ -409,6 +481,62 @@ def test_a_lane_mixing_body_entered_by_zero_tangent_lanes_is_guarded_inside(case
     f, oracle = LANE_MIXING_BODIES[case]
     assert np.isnan(np.asarray(jax.jacfwd(f)(X))).any()  # a real leak unguarded
     assert_like_double_where(MODES[mode], f, oracle, X)
+
+
+def _zero_then_sqrt(c):
+    return jnp.where((c > 0.25) & (c < 1.0), 0.0, jnp.sqrt(c))
+
+
+def _zero_then_sqrt_twice_oracle(x):
+    """``_zero_then_sqrt`` applied twice, lane by lane in Python: a lane
+    the first step zeroes is a constant from then on (derivative 0)."""
+    out = []
+    for c in np.asarray(x, np.float64):
+        if 0.25 < c < 1.0:
+            out.append(0.0)
+            continue
+        r = np.sqrt(c)
+        d = 0.5 / r
+        if 0.25 < r < 1.0:
+            out.append(0.0)
+        else:
+            out.append(d * 0.5 / np.sqrt(r))
+    return np.asarray(out)
+
+
+#: the same two iterations as a scan and as a while loop
+TWO_ITERATIONS = {
+    "scan": lambda x: lax.scan(lambda c, _: (_zero_then_sqrt(c), None), x, None, length=2)[0],
+    "while": lambda x: lax.while_loop(
+        lambda c: c[0] < 2, lambda c: (c[0] + 1, _zero_then_sqrt(c[1])), (0, x)
+    )[1],
+}
+
+
+@pytest.mark.parametrize(
+    "loop, transform",
+    [
+        ("scan", "jacfwd"),
+        ("scan", "jit(jacfwd)"),
+        ("scan", "grad"),
+        ("while", "jacfwd"),  # (no reverse mode through a while loop)
+        ("while", "jit(jacfwd)"),
+    ],
+)
+def test_a_carry_an_iteration_zeroes_carries_its_tangent_mask(loop, transform):
+    """No zero enters from outside: the first iteration's ``where`` zeroes
+    the lane ``c = 0.5`` of the carry, and the second iteration's ``sqrt``
+    meets it (``c = 0``): forward mode NaN.  The carry's tangent mask is
+    carried along with it, each iteration's computed from the last."""
+
+    def f(x):
+        return TWO_ITERATIONS[loop](x).sum()
+
+    x = jnp.array([0.5, 4.0, 16.0], jnp.float32)
+    assert np.isnan(np.asarray(jax.jacfwd(f)(x))).any()
+    d = {"jacfwd": jax.jacfwd, "jit(jacfwd)": lambda g: jax.jit(jax.jacfwd(g)), "grad": jax.grad}
+    got = np.asarray(d[transform](guard(f))(x))
+    np.testing.assert_allclose(got, _zero_then_sqrt_twice_oracle(x), rtol=1e-6)
 
 
 def test_a_lane_mixing_body_under_jit_gets_its_operands_tangent_masks():
@@ -459,3 +587,85 @@ def test_a_lane_local_body_keeps_the_one_guard_on_its_call():
     covers the same lanes with one select, and no mask is passed in."""
     top, inner = _call_output_sites(outer_zero, X)
     assert len(top) == 1 and inner == []
+
+
+_PADDED = jnp.array([[True, True, False], [False, True, True]])
+
+
+def _accumulate(c, xt):
+    return c + xt, jnp.sqrt(c) + xt
+
+
+def _accumulate_oracle(c, xt):
+    pos = c > 0
+    return c + xt, jnp.where(pos, jnp.sqrt(jnp.where(pos, c, 1.0)), 0.0) + xt
+
+
+@pytest.mark.parametrize("transform", ["jacfwd", "jit(jacfwd)", "grad", "hessian"])
+def test_an_accumulator_starting_from_a_constant_is_partly_zero_not_underivative(transform):
+    """The carry starts as constant zeros -- no tangent in the first
+    iteration, ``sqrt'(0)`` times that zero is NaN -- and carries the padded
+    xs' tangents after.  The carry's tangent is partly zero across the loop
+    (not derivative-free, nor live), so the ``sqrt`` is guarded with the
+    carried mask: none live in the first iteration, the xs' after."""
+    x = jnp.array([[1.0, 2.0, 0.5], [3.0, 1.5, 2.0]], jnp.float32)
+
+    def run(step):
+        def f(x):
+            return lax.scan(step, jnp.zeros(3), jnp.where(_PADDED, x, 0.0))[1].sum()
+
+        return f
+
+    f, oracle = run(_accumulate), run(_accumulate_oracle)
+    assert np.isnan(np.asarray(jax.jacfwd(f)(x))).any()
+    d = {
+        "jacfwd": jax.jacfwd,
+        "jit(jacfwd)": lambda g: jax.jit(jax.jacfwd(g)),
+        "grad": jax.grad,
+        "hessian": jax.hessian,
+    }[transform]
+    np.testing.assert_allclose(
+        np.asarray(d(guard(f))(x)), np.asarray(d(oracle)(x)), rtol=1e-6, atol=1e-7
+    )
+
+
+def _positive(x):
+    return jnp.where(x > 0, x, 0.0)
+
+
+def _sqrt_where_positive(v, pos):
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, v, 1.0)), 0.0)
+
+
+#: a ``cond`` whose output tangent is partly zero, into a ``sqrt`` after it:
+#: (f, double-where oracle); X[3] > 0 and X[0] < 0 pick the branches
+COND_OUTPUTS = {
+    "zero passed through": (
+        lambda x: jnp.sqrt(lax.cond(x[3] > 0, lambda v: 2.0 * v, lambda v: v, _positive(x))).sum(),
+        lambda x: _sqrt_where_positive(2.0 * x, x > 0).sum(),
+    ),
+    "zero made in the taken branch": (
+        lambda x: jnp.sqrt(lax.cond(x[3] > 0, _positive, lambda v: v * v, x)).sum(),
+        lambda x: _sqrt_where_positive(x, x > 0).sum(),
+    ),
+    "zero made in the false branch": (
+        lambda x: jnp.sqrt(lax.cond(x[0] > 0, lambda v: v * v, _positive, x)).sum(),
+        lambda x: _sqrt_where_positive(x, x > 0).sum(),
+    ),
+    "live branch taken": (
+        lambda x: jnp.sqrt(lax.cond(x[0] > 0, _positive, lambda v: v * v + 1.0, x)).sum(),
+        lambda x: jnp.sqrt(x * x + 1.0).sum(),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("case", sorted(COND_OUTPUTS))
+def test_a_cond_output_with_zero_tangent_lanes_is_guarded_after_it(case, mode):
+    """Found by a user-style hunt: forward mode took a ``cond``'s outputs as
+    live, so ``sqrt(cond(...))`` was NaN in ``jacfwd`` and the report empty.
+    An output's tangent is now live only where it is in every branch, and
+    its mask is the taken branch's, chosen by the index at run time (the
+    live branch taken keeps every lane)."""
+    f, oracle = COND_OUTPUTS[case]
+    assert_like_double_where(MODES[mode], f, oracle, X)

@@ -272,6 +272,74 @@ def test_while_boundary_is_reported_unguarded():
     assert u.origins[0].op == "where"
 
 
+def _sqrt_plus_mean(v):
+    return jnp.sqrt(v) + jnp.mean(v)
+
+
+def _positive_part(x):
+    return jnp.where(x > 0, x, 0.0)
+
+
+def _on_one_device(fn):
+    """``fn`` as a ``shard_map`` over a one-device mesh (an opaque boundary
+    to the forward analysis)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+    return jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+
+
+#: a partly zero tangent entering a body whose tangents forward mode does
+#: not follow: (f of the body's operand, the reported op, its category)
+FORWARD_UNFOLLOWED = {
+    "shard_map": (_on_one_device(_sqrt_plus_mean), "shard_map", "control-flow"),
+    "call holding a shard_map": (
+        jax.jit(lambda v: _on_one_device(_sqrt_plus_mean)(v) * 2.0),
+        "jit(<lambda>)",
+        "other",
+    ),
+}
+
+X4 = jnp.array([-1.0, 0.0, 1.0, 4.0], jnp.float32)
+
+
+@pytest.mark.parametrize("case", sorted(FORWARD_UNFOLLOWED))
+def test_a_zero_tangent_entering_an_unfollowed_body_is_reported(case):
+    """Forward mode does not follow tangents into a ``shard_map``, or a call
+    whose body holds one: a partly zero tangent entering such a body with a
+    singular operation (``sqrt``) leaks in ``jacfwd`` -- and the report said
+    nothing (0 unguarded sites; so it was for ``cond``, ``scan`` and
+    ``while``, whose bodies are now guarded in that context instead:
+    ``tests/test_call_output_guards.py``).  Now it names the op."""
+    body, op, category = FORWARD_UNFOLLOWED[case]
+
+    def f(x):
+        return body(_positive_part(x)).sum()
+
+    assert np.isnan(np.asarray(jax.jacfwd(hlo_guard.guard(f))(X4))).all()
+    r = explain(f, X4)
+    (u,) = r.unguarded
+    assert (u.op, u.category) == (op, category)
+    assert u.reason.startswith("forward mode: a partly structurally zero tangent enters")
+    assert u.origins[0].op == "where"
+    assert u.origins[0].meaning.startswith("lanes where `x > 0` is false")
+
+
+@pytest.mark.parametrize("case", sorted(FORWARD_UNFOLLOWED))
+def test_a_live_tangent_or_a_safe_body_is_not_reported(case):
+    body, _, _ = FORWARD_UNFOLLOWED[case]
+    # every tangent lane live: the body's own analysis is exact
+    assert not explain(lambda x: body(x * x + 1.0).sum(), X4).unguarded
+    # no singular operation in the body: a zero tangent stays zero
+    assert not explain(
+        lambda x: lax.cond(
+            x[3] > 0, lambda v: v * 2.0 + jnp.sum(v), lambda v: v, _positive_part(x)
+        ).sum(),
+        X4,
+    ).unguarded
+
+
 def _rnn(w, x):
     def step(h, xt):
         h = jnp.tanh(w * xt + h)
@@ -623,3 +691,57 @@ def test_contraction_guards_are_listed_with_the_operand_they_zero():
 
     zeroed = [s for s in explain(closed_over, w).guards if s.mode == "contraction"]
     assert 0 in [s.operand for s in zeroed]
+
+
+def test_a_contraction_with_a_constant_kernel_is_explained():
+    """A closed-over kernel's zeroed lanes have no selecting origin: its
+    group sorted against the others' locations crashed ``explain`` (found
+    by a user-style hunt, ``jnp.convolve`` with a constant kernel)."""
+    k = jnp.array([1.0, 2.0, 3.0])
+    x = jnp.array([-1.0, -2.0, 1.0, 4.0])
+    r = explain(lambda x: jnp.convolve(jnp.sqrt(jnp.where(x > 0, x, 0.0)), k).sum(), x)
+    groups = r.groups()
+    assert groups and all(origins for origins, _ in groups[:-1])
+    assert not groups[-1][0]  # the origin-less group comes last
+    assert "GUARD" in str(r)
+
+
+#: a partly zero tangent coming *out of* an operation whose output tangents
+#: forward mode takes as live, into a ``sqrt``: (f, the reported op)
+TANGENT_TAKEN_AS_LIVE = {
+    "sort": (lambda x: jnp.sqrt(jnp.sort(_positive_part(x))).sum(), "sqrt"),
+    "fori_loop output": (
+        lambda x: jnp.sqrt(lax.fori_loop(0, 3, lambda i, v: v * 0.5, _positive_part(x))).sum(),
+        "sqrt",
+    ),
+    "scan ys": (
+        lambda x: jnp.sqrt(lax.scan(lambda c, e: (c, 2.0 * e), 0.0, _positive_part(x))[1]).sum(),
+        "sqrt",
+    ),
+    "sort inside a jit helper": (
+        lambda x: jax.jit(lambda v: jnp.sqrt(jnp.sort(v)))(_positive_part(x)).sum(),
+        "jit(<lambda>)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TANGENT_TAKEN_AS_LIVE))
+def test_a_zero_tangent_through_an_unfollowed_output_is_reported(case):
+    """Found by a user-style hunt: forward mode takes the outputs of
+    ``sort`` and loops (and a helper holding them) as live, so the ``sqrt``
+    after them got no guard -- and the report was empty while ``jacfwd``
+    was NaN.  The zero lanes are followed as a taint (``passes.tangent_gaps``,
+    as the TF front end does) to the singular operation they reach, which is
+    reported.  (A ``cond``'s outputs are now followed and guarded:
+    ``tests/test_call_output_guards.py``.)"""
+    f, op = TANGENT_TAKEN_AS_LIVE[case]
+    x = jnp.array([-1.0, -2.0, 1.0, 4.0], jnp.float32)
+    assert np.isnan(np.asarray(jax.jacfwd(hlo_guard.guard(f))(x))).all()
+    gaps = [u for u in explain(f, x).unguarded if u.reason.startswith("forward mode")]
+    assert [u.op for u in gaps] == [op]
+    assert "taken as live" in gaps[0].reason
+
+
+def test_a_live_tangent_through_a_sort_is_not_reported():
+    x = jnp.array([-1.0, -2.0, 1.0, 4.0], jnp.float32)
+    assert not explain(lambda x: jnp.sqrt(jnp.sort(x * x + 1.0)).sum(), x).unguarded

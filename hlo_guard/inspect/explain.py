@@ -248,10 +248,21 @@ class _Explainer:
                     mask=_mask_text(origins, False),
                 )
             )
-        for u in unguarded:
+        forward_gaps = plan.forward_unfollowed
+        for u in unguarded + forward_gaps:
             eqn = graph.eqns[u.node]
             loc, _ = self.tree.location(graph, u.node)
-            origins = [self.origin(graph, u.node, None, tok) for tok in u.liveness.origins]
+            if u in forward_gaps:  # a tangent's origins: in the forward analysis's graphs
+                self.tree.add_forward(plan.forward, analysis)
+                context = plan.forward_gap_contexts.get(u.node)
+                if context is not None:  # a body analysed in that context: its bodies' graphs
+                    analyses, sub = context
+                    for fa in analyses:
+                        for key, fsub in fa.subs.items():
+                            self.tree.add_forward(fsub, sub.subs.get(key))
+                origins = [self.forward_origin(tok) for tok in u.liveness.origins]
+            else:
+                origins = [self.origin(graph, u.node, None, tok) for tok in u.liveness.origins]
             out.append(
                 SiteInfo(
                     kind="unguarded",

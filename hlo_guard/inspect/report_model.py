@@ -123,9 +123,10 @@ class ExplainReport(Report):
             sites.sort(
                 key=lambda s: (_location_key(s.location), _get(s, "mode", "reverse") == "forward")
             )
-        groups.sort(
+        groups.sort(  # a group without origins (a constant's zeroed lanes) goes last
             key=lambda g: (
-                _location_key(g[0][0].location) if g[0] else (("~",),),
+                not g[0],
+                _location_key(g[0][0].location) if g[0] else (),
                 _location_key(g[1][0].location),
             )
         )

@@ -176,12 +176,18 @@ class Scope:
         return rule.forward_masks(self, node, eqn, in_masks)
 
     def child_forward(self, node: int, k: int, in_masks) -> Scope:
-        """A mask-only scope over call ``node``'s body for tangent masks."""
+        """A mask-only scope over call ``node``'s body (a ``cond``'s branch
+        ``k``) for tangent masks."""
         key = ("fwd", node, k, tuple(id(m) for m in in_masks))
         child = self.children.get(key)
         if child is None:
             eqn = self.graph.eqns[node]
-            body, consts = body_of(eqn)
+            if eqn.primitive.name == "cond":
+                body, consts = open_jaxpr(eqn.params["branches"][k])
+                operands = eqn.invars[1:]
+            else:
+                body, consts = body_of(eqn)
+                operands = eqn.invars
             fa = self.forward if self.forward is not None else self.plan.forward
             sub_fa = fa.subs[(node, k)]
             sub = self.analysis.subs.get((node, k))
@@ -195,7 +201,7 @@ class Scope:
                 [],
                 [ALL] * len(body.outvars),
                 parent=self,
-                parent_inputs=dict(zip(body.invars, eqn.invars)),
+                parent_inputs=dict(zip(body.invars, operands)),
                 forward=sub_fa,
                 in_tmasks=list(in_masks),
             )
@@ -505,21 +511,22 @@ class Scope:
                 fixed.append(ALL if lv.is_live else NONE)
         return passed, fixed, layouts
 
-    def tangent_masks_for(self, node: int):
+    def tangent_masks_for(self, node: int, operands: Sequence[Any] | None = None):
         """Tangent masks of call ``node``'s operands to pass into a body
         evaluated in this forward context (:attr:`GuardPlan.forward_context`):
         ``(passed, fixed, layouts)`` as for :meth:`output_masks_for` (always
         compact), ``fixed`` None for a call guarded in its own context.  A
         mask that needs an effectful value is passed as ALL (the operand's
         tangent taken as live, so the body guards nothing for it) and
-        reported as a skipped guard."""
+        reported as a skipped guard.  ``operands``: those the body receives
+        (a ``cond``'s, after its index), by default all."""
         if node not in self.plan.forward_context_calls:
             return [], None, []
         eqn = self.graph.eqns[node]
         passed: list[Any] = []
         fixed: list[Any] = []
         layouts: list[Any] = []
-        for i, v in enumerate(eqn.invars):
+        for i, v in enumerate(eqn.invars if operands is None else operands):
             try:
                 m = self.tangent_mask(v)
             except ShadowUnavailable as exc:
@@ -772,6 +779,8 @@ def _bind_cond(scope: Scope, node, eqn, invals):
     passed, fixed, layouts = scope.output_masks_for(
         node, scope.analysis.subs[(node, 0)], compact=True
     )
+    # branches evaluated in this forward context get the operands' tangent masks
+    tpassed, tfixed, tlayouts = scope.tangent_masks_for(node, eqn.invars[1:])
     fns = []
     for k, br in enumerate(branches):
         body, consts = open_jaxpr(br)
@@ -783,10 +792,11 @@ def _bind_cond(scope: Scope, node, eqn, invals):
                 fixed,
                 scope.mode,
                 scope.body_nested(node),
-                layouts=layouts,
+                layouts=layouts + tlayouts,
+                tfixed=tfixed,
             )
         )
-    return list(lax.switch(index, fns, *ops, *passed))
+    return list(lax.switch(index, fns, *ops, *passed, *tpassed))
 
 
 def _bind_while(scope: Scope, node, eqn, invals):
@@ -799,6 +809,21 @@ def _bind_while(scope: Scope, node, eqn, invals):
 
     def cond_fun(carry):
         return eval_jaxpr(cond_jaxpr, cond_consts_closed, *cconsts, *carry)[0]
+
+    if node in scope.plan.forward_context_calls:
+        # the body in this forward context: its carries' tangent masks ride
+        # along as extra carries, which the cond function ignores
+        masks = _CarriedTangentMasks(scope, node, body_jaxpr, eqn.invars[nc:], nb, len(init))
+        out_masks = [ALL] * len(body_jaxpr.outvars)
+
+        def body_with_masks(carry_and_masks):
+            carry, carry_masks = carry_and_masks
+            return masks.run(sub, body_consts_closed, [*bconsts, *carry], out_masks, carry_masks)
+
+        carry, _ = lax.while_loop(
+            lambda c: cond_fun(c[0]), body_with_masks, (list(init), masks.init)
+        )
+        return list(carry)
 
     def body_fun(carry):
         return run_guarded(
@@ -820,6 +845,8 @@ def _bind_scan(scope: Scope, node, eqn, invals):
     sub = scope.analysis.subs[(node, 0)]
     # masks of the stacked ys, whole: scan slices them along the leading axis
     passed, fixed, _ = scope.output_masks_for(node, sub)
+    if node in scope.plan.forward_context_calls:
+        return _bind_scan_in_forward_context(scope, node, eqn, invals, passed, fixed)
 
     def body(carry, x_and_masks):
         x, masks = x_and_masks
@@ -834,6 +861,114 @@ def _bind_scan(scope: Scope, node, eqn, invals):
         body,
         list(init),
         (list(xs), list(passed)),
+        length=p["length"],
+        reverse=p["reverse"],
+        unroll=p["unroll"],
+    )
+    return list(carry) + list(ys)
+
+
+class _CarriedTangentMasks:
+    """The tangent masks a loop body evaluated in its caller's forward
+    context (``ControlFlow.guards_in_forward_context``) gets: its consts'
+    (closed over) and its carries', carried along as extra carries -- each
+    iteration computes the next one's from its own, so a lane one iteration
+    zeroes is guarded in the next.  Only carries whose tangent is partly
+    zero somewhere in the loop (the forward analysis's fixed point) carry a
+    mask; the others are taken as live."""
+
+    def __init__(self, scope: Scope, node, body_jaxpr, operands, n_consts: int, n_carry: int):
+        self.scope, self.node, self.body_jaxpr = scope, node, body_jaxpr
+        self.n_consts, self.n_carry = n_consts, n_carry
+        context = scope.plan.forward.subs[(node, 0)]
+        self.const_masks = [self.operand_mask(v, i) for i, v in enumerate(operands[:n_consts])]
+        carry_vars = body_jaxpr.invars[n_consts : n_consts + n_carry]
+        self.carried = [
+            j for j, v in enumerate(carry_vars) if not context.value_liveness(v).is_live
+        ]
+        self.shapes = {j: tuple(carry_vars[j].aval.shape) for j in self.carried}
+        self.init = [
+            to_guard_mask(self.operand_mask(operands[n_consts + j], n_consts + j), self.shapes[j])
+            for j in self.carried
+        ]
+
+    def operand_mask(self, v, index: int):
+        try:
+            return self.scope.tangent_mask(v)
+        except ShadowUnavailable as exc:
+            self.scope.record.skip(self.node, ("tangent", index), str(exc))
+            return ALL
+
+    def run(self, sub, consts, args, out_masks, carry_masks, x_masks=()):
+        """(outputs, the next iteration's carry masks) of one guarded iteration."""
+        by_carry = dict(zip(self.carried, carry_masks))
+        in_tmasks = [
+            *self.const_masks,
+            *(by_carry.get(j, ALL) for j in range(self.n_carry)),
+            *x_masks,
+        ]
+        inner = Scope(
+            sub,
+            consts,
+            args,
+            out_masks,
+            mode=self.scope.mode,
+            nested=True,
+            in_tmasks=in_tmasks,
+        )
+        outs = inner.run()
+        next_masks = []
+        for j in self.carried:
+            try:
+                m = inner.tangent_mask(self.body_jaxpr.outvars[j])
+            except ShadowUnavailable as exc:
+                self.scope.record.skip(self.node, ("tangent", self.n_consts + j), str(exc))
+                m = ALL
+            next_masks.append(to_guard_mask(m, self.shapes[j]))
+        return outs, next_masks
+
+
+def _bind_scan_in_forward_context(scope: Scope, node, eqn, invals, passed, fixed):
+    """A ``scan`` whose body is evaluated in this forward context: besides
+    the ys masks, the consts' and carries' tangent masks
+    (:class:`_CarriedTangentMasks`) and each iteration's slice of the xs'
+    (extra xs)."""
+    p = eqn.params
+    body_jaxpr, body_consts = open_jaxpr(p["jaxpr"])
+    nconsts, ncarry = scan_layout(p, len(eqn.invars))
+    sub = scope.analysis.subs[(node, 0)]
+    consts, init, xs = (
+        invals[:nconsts],
+        invals[nconsts : nconsts + ncarry],
+        invals[nconsts + ncarry :],
+    )
+    masks = _CarriedTangentMasks(scope, node, body_jaxpr, eqn.invars, nconsts, ncarry)
+    xs_fixed: list[Any] = []
+    xs_passed: list[Any] = []
+    for i, v in enumerate(eqn.invars[nconsts + ncarry :], start=nconsts + ncarry):
+        m = masks.operand_mask(v, i)
+        if m is ALL or m is NONE:
+            xs_fixed.append(m)
+        else:
+            xs_fixed.append(None)
+            xs_passed.append(to_guard_mask(m, tuple(v.aval.shape)))
+
+    def body(carry_and_masks, x_and_masks):
+        carry, carry_masks = carry_and_masks
+        x, ys_masks, x_tmasks = x_and_masks
+        ys_given = iter(ys_masks)
+        out_masks = [next(ys_given) if f is None else f for f in fixed]
+        x_given = iter(x_tmasks)
+        x_masks = [next(x_given) if f is None else f for f in xs_fixed]
+        outs, next_masks = masks.run(
+            sub, body_consts, [*consts, *carry, *x], out_masks, carry_masks, x_masks
+        )
+        return (outs[:ncarry], next_masks), outs[ncarry:]
+
+    (carry, _), ys = lax.scan(
+        body,
+        (list(init), masks.init),
+        (list(xs), list(passed), xs_passed),
         length=p["length"],
         reverse=p["reverse"],
         unroll=p["unroll"],

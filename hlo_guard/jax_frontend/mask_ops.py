@@ -462,3 +462,13 @@ def to_guard_mask(mask, shape):
     if tuple(np.shape(m)) != tuple(shape):
         m = xp(m).broadcast_to(m, shape)
     return m
+
+
+def select_mask_by_index(index, masks: Sequence[Any]):
+    """The mask of the case ``index`` chose (a ``cond``'s taken branch):
+    ``masks`` are bool arrays of one shape; a known index picks directly."""
+    if len(masks) == 1:
+        return masks[0]
+    if is_static(index):
+        return masks[int(np.clip(np.asarray(index), 0, len(masks) - 1))]
+    return lax.select_n(index, *[jax.numpy.asarray(m) for m in masks])

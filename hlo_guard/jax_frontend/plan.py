@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
-from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky, body_of
+from hlo_guard.jax_frontend.bodies import (
+    REWRITTEN_CALLS,
+    body_is_risky,
+    body_of,
+    control_bodies,
+)
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
 from hlo_guard.jax_frontend.rule_table import RULES
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
@@ -31,10 +36,12 @@ from passes.lattice import LIVE
 from passes.planning import (
     GuardSite,
     OutputGuardSite,
+    UnguardedSite,
     plan_boundary_guards,
     plan_guards,
     plan_output_guards,
 )
+from passes.tangent_gaps import UNFOLLOWED, is_partly_zero, note_unfollowed, unguarded_sites
 
 if TYPE_CHECKING:  # (the rules package imports this module)
     from hlo_guard.jax_frontend.rules.base import JaxRule
@@ -82,6 +89,9 @@ class GuardPlan:
     callables: dict[tuple, Callable] = field(default_factory=dict)
     #: value mode: whether a node's dead lanes are dead by value, per (node, nested)
     value_dead: dict[tuple[int, int], bool] = field(default_factory=dict)
+    #: node of :attr:`forward_unfollowed` -> (forward analyses, backward
+    #: analysis) of the body in whose forward analyses its tangent's origins live
+    forward_gap_contexts: dict[int, tuple] = field(default_factory=dict)
     #: mode -> :meth:`rewritten_bodies`
     _rewritten: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
 
@@ -138,16 +148,55 @@ class GuardPlan:
         return parent_plan.forward.subs.get((node, k))
 
     @cached_property
+    def forward_unfollowed(self) -> list[UnguardedSite]:
+        """Forward mode's unguarded sites in this graph: ops with bodies that
+        a partly zero tangent enters but whose tangents the forward half
+        does not follow (:meth:`JaxRule.forward_unfollowed`).  ``explain``
+        lists them; nothing is guarded for them."""
+        if not body_is_risky(self.graph.jaxpr):
+            return []
+        found = []
+        for node, sub_index in sorted(self.analysis.subs):
+            if sub_index != 0:
+                continue
+            rule = cast("JaxRule | None", self.analysis.rules.get(self.graph.op_name(node)))
+            unfollowed = (
+                rule.forward_unfollowed(self.analysis, self.forward, node) if rule else None
+            )
+            if unfollowed is not None:
+                reason, tangent, context = unfollowed
+                found.append(UnguardedSite(node, reason, tangent))
+                if context is not None:
+                    self.forward_gap_contexts[node] = context
+        # tangents taken as live without knowing it (a sort's or a loop's
+        # outputs, an unknown operation's), followed to the singular
+        # operations they reach
+        forward = self.forward
+        note_unknown_operations(self.graph, forward)
+        if UNFOLLOWED in forward.notes:
+            seen = {site.node for site in found}
+            found.extend(
+                site
+                for site in unguarded_sites(self.graph, forward, self.analysis, {})[1]
+                if site.node not in seen
+            )
+        return found
+
+    @cached_property
     def forward_context_calls(self) -> frozenset[int]:
-        """Call nodes whose bodies are evaluated in this graph's forward
-        context (their operands' tangent masks passed in)."""
+        """Call, ``cond``, ``scan`` and ``while`` nodes whose bodies are
+        evaluated in this graph's forward context (their operands' tangent
+        masks passed in)."""
         found = set()
         eqns = self.graph.eqns
         for node, k in self.analysis.subs:
             eqn = eqns[node]
-            if k != 0 or eqn.primitive.name not in REWRITTEN_CALLS:
+            if k != 0:
                 continue
-            if not body_is_risky(body_of(eqn)[0]):
+            if eqn.primitive.name in ("cond", "scan", "while"):
+                if not any(body_is_risky(body) for body, _ in control_bodies(eqn)):
+                    continue
+            elif eqn.primitive.name not in REWRITTEN_CALLS or not body_is_risky(body_of(eqn)[0]):
                 continue
             rule = cast("JaxRule | None", self.analysis.rules.get(eqn.primitive.name))
             if rule is not None and rule.guards_in_forward_context(
@@ -224,6 +273,24 @@ class GuardPlan:
                 if not isinstance(v, Literal):
                     uses.setdefault(v, []).append((node, i))
         return uses
+
+
+def note_unknown_operations(graph: JaxprGraph, forward: ForwardAnalysis) -> None:
+    """An operation without a rule takes its outputs' tangents as live: note
+    it where a partly zero tangent enters it (:mod:`passes.tangent_gaps`)."""
+    for node, eqn in enumerate(graph.eqns):
+        if RULES.get(eqn.primitive.name) is not None:
+            continue
+        if any(
+            is_partly_zero(forward.value_liveness(v))
+            for v in eqn.invars
+            if not isinstance(v, Literal)
+        ):
+            note_unfollowed(
+                forward,
+                node,
+                f"`{eqn.primitive.name}` (no rule; its output tangents taken as live)",
+            )
 
 
 def _by_node(sites: list[GuardSite]) -> dict[int, list[GuardSite]]:

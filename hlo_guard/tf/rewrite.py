@@ -31,7 +31,7 @@ from collections.abc import Set as AbstractSet
 
 import tensorflow as tf
 
-from hlo_guard.tf import compat, local_constants, output_guards, tangent_gaps
+from hlo_guard.tf import compat, local_constants, output_guards
 from hlo_guard.tf.contractions import guarded_contractions, with_masked_gradient
 from hlo_guard.tf.control import guard_bodies
 from hlo_guard.tf.graph import TFGraph, is_inexact
@@ -42,6 +42,7 @@ from hlo_guard.tf.opcopy import copy_op, is_stateful, move_consumers
 from hlo_guard.tf.records import AppliedGuard, BuildRecord
 from hlo_guard.tf.rules import RULES
 from hlo_guard.tf.tracing import TracedFunction
+from passes import tangent_gaps
 from passes.analysis import Analysis, analyze
 from passes.lattice import LIVE
 from passes.masks import ALL, NONE, MaskResolver, ShadowUnavailable
@@ -417,7 +418,7 @@ def _guard_graph(
     tangent_seeds=None,
 ):
     """``in_tangents``/``tangent_seeds``: a body's argument tangents and the
-    arguments whose lanes are not known inside (:mod:`hlo_guard.tf.tangent_gaps`)."""
+    arguments whose lanes are not known inside (:mod:`passes.tangent_gaps`)."""
     graph = TFGraph(ops, outputs, locations, strip_prefix=prefix)
     analysis = analyze(graph, RULES, out_liveness)
     forward, out_sites = output_guards.plan(graph, analysis, in_tangents)

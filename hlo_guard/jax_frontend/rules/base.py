@@ -75,6 +75,17 @@ class JaxRule(Rule):
         (:meth:`Call.guards_in_forward_context`).  No other op has a body."""
         return False
 
+    def forward_unfollowed(self, backward, forward, node) -> tuple[str, Liveness, Any] | None:
+        """``(why, the entering tangent's liveness, where its origins live)``
+        when forward mode leaves op ``node`` unguarded, or None: an op with a
+        body that a partly zero tangent enters but whose tangents the
+        forward half does not follow lane by lane
+        (:meth:`ControlFlow.forward_unfollowed`, :meth:`Call.forward_unfollowed`).
+        Reported, never called clean.  The third part is None (origins in
+        this graph's forward analysis) or ``(forward analyses, backward
+        analysis)`` of the body whose analyses named them."""
+        return None
+
     def mask_passes_through(self, analysis, node, index) -> bool:
         """Elementwise and pass-through rules hand an operand of the output's
         shape the output's own mask (``reduce_to_shape`` of one mask to its

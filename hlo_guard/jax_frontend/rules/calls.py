@@ -35,15 +35,33 @@ from hlo_guard.jax_frontend.graph import (
     is_inexact_aval,
     is_literal,
 )
+from hlo_guard.jax_frontend.mask_ops import select_mask_by_index, to_guard_mask
 from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
 from hlo_guard.jax_frontend.rules.custom_structure import analyze_body, body_structure_known
+from hlo_guard.jax_frontend.rules.forward_context import (
+    body_tangents,
+    carried_zero_meets_hazard,
+    carry_fixpoint,
+    every_branch,
+    misses_in_context,
+    nested_needs_context,
+    note_tainted_outputs,
+    partly_zero_operand_tangent,
+    taint_gaps,
+)
 from hlo_guard.jax_frontend.trace_cache import WeakCacheByJaxpr
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
-from passes.masks import NONE
+from passes.masks import ALL, NONE
 from passes.planning import plan_output_guards
 from passes.rules import ForwardRule, implements
+from passes.tangent_gaps import (
+    UNFOLLOWED,
+    is_partly_zero,
+    note_unfollowed,
+    tainted_values,
+)
 
 #: calls the boundary placement may see through (:meth:`Call.transparent_body`)
 _TRANSPARENT_CALLS = frozenset({"jit", "closed_call", "eval_jaxpr"})
@@ -107,6 +125,7 @@ class Call(JaxRule):
         body, _ = body_of(eqn)
         graph = body_graph(fa.graph, eqn, body)
         sub = fa.analyze_sub(node, 0, graph, list(ins) + [LIVE] * len(body.constvars))
+        note_tainted_outputs(fa, node, sub, body)
         return [sub.value_liveness(v) if not is_literal(v) else NO_DERIVATIVE for v in body.outvars]
 
     def forward_masks(self, mctx, node, eqn, in_masks):
@@ -127,23 +146,61 @@ class Call(JaxRule):
         * or, in this context, no operation inside needs an output guard at
           all (the body's zero tangent lanes are made after its risky ops,
           as in ``where(x > 0, log(x), 0)``, or only scaled by a known finite
-          constant, as in ``8.0 * s``).
-
+          constant, as in ``8.0 * s``), nor does a call or ``cond`` nested
+          in it;
         * or the body is evaluated in this forward context
           (:meth:`guards_in_forward_context`), its output guards planned
           from it.
 
         Not when the body holds an operation the forward half knows nothing
-        about or control flow (those are only covered by the guard on the
-        call).  Otherwise the caller guards: the body, analysed with live
-        inputs, would not guard what a partly zero operand tangent makes
-        zero inside it."""
-        inner = self._inner_output_guards(backward, forward, node)
-        if inner is None:
+        about or a loop (those are only covered by the guard on the call).
+        Otherwise the caller guards: the body, analysed with live inputs,
+        would not guard what a partly zero operand tangent makes zero
+        inside it."""
+        needs = self._needs_in_context(backward, forward, node)
+        if needs is None:
             return False
-        if not inner:
-            return True
-        return not _keeps_lanes_apart_throughout(backward.subs[(node, 0)])
+        return not needs or self.guards_in_forward_context(backward, forward, node)
+
+    def forward_unfollowed(self, backward, forward, node):
+        """A rewritten call entered by a partly zero tangent, whose body --
+        evaluated with its own plan, inputs live -- misses a guard that
+        tangent needs: inside, it passes through an operation whose output
+        tangents are taken as live (a ``sort``, a loop) on its way to a
+        singular one; or the body holds an operation the forward half cannot
+        plan (a ``shard_map``) and mixes lanes, so that the guard on the
+        call's outputs cannot clean them."""
+        eqn = backward.graph.eqns[node]
+        if self.guards or eqn.primitive.name not in REWRITTEN_CALLS:
+            return None
+        body = body_of(eqn)[0]
+        if not body_is_risky(body):
+            return None
+        sub, sub_forward = backward.subs.get((node, 0)), forward.subs.get((node, 0))
+        if sub is None or sub_forward is None:
+            return None
+        tangent = partly_zero_operand_tangent(backward, forward, node)
+        if tangent is None or plan_of(sub).forward_context is sub_forward:
+            return None  # (a body evaluated in this context reports its own gaps)
+        gaps = taint_gaps(sub, sub_forward)
+        if gaps:
+            return (
+                "forward mode: a partly structurally zero tangent enters this call; inside, "
+                + gaps[0].reason.removeprefix("forward mode: "),
+                tangent,
+                None,
+            )
+        if _output_guards_cover(body) or _keeps_lanes_apart_throughout(sub):
+            return None
+        if not misses_in_context(sub, sub_forward):
+            return None
+        return (
+            "forward mode: a partly structurally zero tangent enters this call, whose body "
+            "holds an operation without a forward rule and mixes lanes: it meets an operation "
+            "inside with a possibly infinite derivative, unguarded",
+            tangent,
+            None,  # the tangent's origins are in the caller's forward analysis
+        )
 
     def guards_in_forward_context(self, backward, forward, node):
         """A rewritten call entered by partly zero operand tangents whose body
@@ -155,17 +212,26 @@ class Call(JaxRule):
         The body is therefore evaluated in this context -- its plan reads
         this forward analysis of it, the operands' tangent masks are passed
         in -- and its output guards sit on the singular operations inside,
-        before the mixing.  A lane-local body keeps the one guard on the
-        call's outputs (the cheaper select, and the same lanes)."""
-        inner = self._inner_output_guards(backward, forward, node)
-        return bool(inner) and not _keeps_lanes_apart_throughout(backward.subs[(node, 0)])
+        before the mixing.  So is a body with a call or ``cond`` inside that
+        needs this context itself (the masks are passed on a level).  A
+        lane-local body keeps the one guard on the call's outputs (the
+        cheaper select, and the same lanes)."""
+        needs = self._needs_in_context(backward, forward, node)
+        if not needs:
+            return False
+        sub = backward.subs[(node, 0)]
+        return not _keeps_lanes_apart_throughout(sub) or nested_needs_context(
+            sub, forward.subs[(node, 0)]
+        )
 
-    def _inner_output_guards(self, backward, forward, node):
-        """The output guards the body of rewritten call ``node`` needs in this
-        forward context (empty when every differentiable operand's tangent
-        is fully live: the body's own context), or None when the body is not
-        one whose output guards the forward half plans (a custom call,
-        control flow or an unknown operation inside)."""
+    def _needs_in_context(self, backward, forward, node) -> bool | None:
+        """Whether the body of rewritten call ``node`` needs a forward guard in
+        this context that its own evaluation (inputs live) would not make:
+        an output guard inside, or a nested call or ``cond`` that needs the
+        context (False when every differentiable operand's tangent is fully
+        live: the body's own context).  None when the body is not one whose
+        output guards the forward half plans (a custom call, a loop or an
+        unknown operation inside)."""
         if self.guards:
             return None
         eqn = backward.graph.eqns[node]
@@ -178,12 +244,14 @@ class Call(JaxRule):
             graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
             for v in eqn.invars
         ):
-            return []
+            return False
         inner_backward = backward.subs.get((node, 0))
         inner_forward = forward.subs.get((node, 0))
         if inner_backward is None or inner_forward is None:
             return None
-        return plan_output_guards(inner_backward, inner_forward)
+        return bool(plan_output_guards(inner_backward, inner_forward)) or nested_needs_context(
+            inner_backward, inner_forward
+        )
 
 
 #: jaxpr -> :func:`_output_guards_cover`
@@ -191,19 +259,22 @@ _COVER_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _output_guards_cover(jaxpr) -> bool:
-    """Whether every operation of a body (plain calls inside it included) has
-    a rule with a forward half, so that the body's own output guards are
-    planned for all of them; control flow and unknown operations are not."""
+    """Whether every operation of a body (plain calls and the bodies of
+    ``cond``, ``scan`` and ``while`` inside it included) has a rule with a
+    forward half, so that the body's own output guards are planned for all
+    of them; ``shard_map`` and unknown operations are not."""
     return holds_throughout(jaxpr, _COVER_CACHE, _has_forward_rule)
 
 
 def _has_forward_rule(eqn):
     name = eqn.primitive.name
     rule = RULES.get(name)
-    if rule is None or name in ("cond", "while", "scan", "shard_map"):
+    if rule is None or name == "shard_map":
         return False
     if name in REWRITTEN_CALLS:
         return [body_of(eqn)[0]]
+    if name in ("cond", "scan", "while"):  # their bodies are guarded in the body's context
+        return [body for body, _ in control_bodies(eqn)]
     return implements(rule, ForwardRule)
 
 
@@ -286,6 +357,156 @@ class ControlFlow(JaxRule):
 
     def guards_output(self, analysis, node, index):
         return False
+
+    def forward(self, fa, node, ins):
+        """A ``cond``'s branches are analysed with the operands' tangents (so
+        that a branch a partly zero tangent enters can be evaluated in this
+        context, :meth:`guards_in_forward_context`), and each output's
+        tangent is live only where it is in every branch: its mask is the
+        taken branch's (:meth:`forward_masks`).  A loop's or ``shard_map``'s
+        outputs count as live -- which lanes a loop leaves zero is not
+        followed out -- and are noted where that is not known to be so."""
+        eqn = fa.graph.eqns[node]
+        name = eqn.primitive.name
+        if name == "cond":
+            outs: list[Liveness] | None = None
+            for k, (body, _) in enumerate(control_bodies(eqn)):
+                graph = body_graph(fa.graph, eqn, body, eqn.invars[1:])
+                sub = fa.analyze_sub(node, k, graph, list(ins[1:]) + [LIVE] * len(body.constvars))
+                branch = [
+                    NO_DERIVATIVE if is_literal(v) else sub.value_liveness(v) for v in body.outvars
+                ]
+                outs = (
+                    branch if outs is None else [every_branch(a, b) for a, b in zip(outs, branch)]
+                )
+                note_tainted_outputs(fa, node, sub, body)
+            return outs if outs is not None else [LIVE] * len(eqn.outvars)
+        if name in ("scan", "while"):
+            # the body's tangents at the carries' fixed point (a carry some
+            # iteration zeroes is partly zero in every iteration's analysis)
+            ((body, _),) = control_bodies(eqn)
+            graph = JaxprGraph(body, f"{scope_name(fa.graph.scope, eqn)}[0]", body.constvars)
+            entry, carries = body_tangents(eqn, list(ins))
+            fa.subs[(node, 0)] = carry_fixpoint(graph, body, entry, carries)[-1]
+        elif any(is_partly_zero(lv) for lv in ins):  # shard_map: not followed at all
+            note_unfollowed(fa, node, f"the `{name}` boundary (its output tangents taken as live)")
+        self._note_partly_zero_outputs(fa, node, eqn)
+        return [LIVE] * len(eqn.outvars)
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        """A ``cond`` output's tangent mask is the taken branch's: each
+        branch's, from the operands' masks, selected by the index."""
+        if eqn.primitive.name != "cond":
+            return [ALL] * len(eqn.outvars)
+        branches = [body for body, _ in control_bodies(eqn)]
+        children = [mctx.child_forward(node, k, list(in_masks[1:])) for k in range(len(branches))]
+
+        def mask(j):
+            masks = [child.tangent_mask(body.outvars[j]) for child, body in zip(children, branches)]
+            if all(m is ALL for m in masks):
+                return ALL
+            if all(m is NONE for m in masks):
+                return NONE
+            shape = tuple(eqn.outvars[j].aval.shape)
+            return select_mask_by_index(
+                mctx.value(eqn.invars[0]), [to_guard_mask(m, shape) for m in masks]
+            )
+
+        return LazyMasks(mask, len(eqn.outvars))
+
+    @staticmethod
+    def _note_partly_zero_outputs(fa, node, eqn) -> None:
+        """The outputs are taken as live; where a body's output tangent is in
+        fact partly zero (a branch's ``where``, a zero entering a loop), or
+        was taken as live inside, the output is noted, so that a singular
+        operation after it is reported (:mod:`passes.tangent_gaps`)."""
+        name = eqn.primitive.name
+        bodies = [
+            (fa.subs[(node, k)], body)
+            for k, (body, _) in enumerate(control_bodies(eqn))
+            if (node, k) in fa.subs
+        ]  # (a cond's outputs are followed: see forward)
+        noted: set[int] = set()
+        for sub, body in bodies:
+            tainted = tainted_values(sub.graph, sub, {})[0] if UNFOLLOWED in sub.notes else {}
+            # (a body's outputs are the equation's, in order: a scan's carries
+            # then its ys, a while's carries, a branch's outputs)
+            for j, v in enumerate(body.outvars):
+                if is_literal(v):
+                    continue
+                if is_partly_zero(sub.value_liveness(v)) or v in tainted:
+                    noted.add(j)
+        if noted:
+            note_unfollowed(
+                fa, node, f"`{name}` (its output tangents taken as live)", sorted(noted)
+            )
+
+    def guards_in_forward_context(self, backward, forward, node):
+        """A ``cond`` whose operands' tangents are partly zero and a branch of
+        which then needs a forward guard: its branches are evaluated in this
+        context, the operands' tangent masks passed in (as a call's are), so
+        that ``cond(p, sqrt, ..., where(x > 0, x, 0))`` is guarded on the
+        ``sqrt`` inside.  So is a ``scan`` or ``while`` whose body, at its
+        carries' fixed point (:func:`carry_fixpoint`), has a partly zero
+        input tangent that needs a guard: the carries' tangent masks are
+        carried along, each iteration's computed from the last.
+        ``shard_map`` is not; it is reported (:meth:`forward_unfollowed`)."""
+        eqn = backward.graph.eqns[node]
+        name = eqn.primitive.name
+        if name in ("scan", "while"):
+            sub, sub_forward = backward.subs.get((node, 0)), forward.subs.get((node, 0))
+            if sub is None or sub_forward is None:
+                return False
+            if all(lv.is_live or not lv.reaches_output for lv in sub_forward.in_liveness):
+                return False  # the body's own context: every tangent live
+            return bool(plan_output_guards(sub, sub_forward)) or nested_needs_context(
+                sub, sub_forward
+            )
+        if name != "cond":
+            return False
+        if partly_zero_operand_tangent(backward, forward, node) is None:
+            return False
+        for k in range(len(eqn.params["branches"])):
+            sub, sub_forward = backward.subs.get((node, k)), forward.subs.get((node, k))
+            if sub is not None and sub_forward is not None:
+                if plan_output_guards(sub, sub_forward) or nested_needs_context(sub, sub_forward):
+                    return True
+        return False
+
+    def forward_unfollowed(self, backward, forward, node):
+        """Forward mode does not follow tangents into a loop or branch: each
+        body is evaluated with its input tangents taken as live, and its
+        outputs' tangents count as live.  A partly zero tangent entering a
+        body (``cond(p, sqrt, ..., where(x > 0, x, 0))``), or a carry some
+        iteration zeroes, that meets an operation with a possibly infinite
+        derivative there is therefore not guarded.  Found by analysing each
+        body's tangents in this context (carries to a fixed point) and
+        comparing the output guards it would need with the body's own."""
+        graph = backward.graph
+        eqn = graph.eqns[node]
+        if not any(backward.value_liveness(v).reaches_output for v in graph.node_outputs(node)):
+            return None
+        own = plan_of(backward)
+        if forward is own.forward and node in own.forward_context_calls:
+            return None  # a cond whose branches are guarded in this context
+        ins = [NO_DERIVATIVE if is_literal(v) else forward.value_liveness(v) for v in eqn.invars]
+        for k, (body, _) in enumerate(control_bodies(eqn)):
+            sub = backward.subs.get((node, k))
+            if sub is None or not body_is_risky(body):
+                continue
+            entry, carries = body_tangents(eqn, ins)
+            found = carried_zero_meets_hazard(sub, body, entry, carries)
+            if found is not None:
+                tangent, context = found
+                return (
+                    f"forward mode: a partly structurally zero tangent enters the "
+                    f"{eqn.primitive.name} body (tangents are not followed into it lane by "
+                    "lane) and meets an operation with a possibly infinite derivative there, "
+                    "unguarded",
+                    tangent,
+                    (context, sub),
+                )
+        return None
 
 
 def _scan_dead_lanes_lost(sub, body, outs, eqn):
@@ -400,6 +621,13 @@ class CustomCall(JaxRule):
         if not is_lanewise_call(eqn):
             if is_selection_free_call(eqn):
                 return self._structure.forward(fa, node, ins)
+            if any(is_partly_zero(lv) for lv in ins):
+                note_unfollowed(
+                    fa,
+                    node,
+                    f"`{scope_name('', eqn)}` (a custom rule mixing lanes; its output "
+                    "tangents taken as live)",
+                )
             return [LIVE] * len(eqn.outvars)
         joined_in = join_all(ins)
         if joined_in.reaches_output and _rule_may_zero_lanes(eqn):

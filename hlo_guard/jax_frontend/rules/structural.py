@@ -45,6 +45,7 @@ from hlo_guard.jax_frontend.rules.base import (
 )
 from passes.lattice import LIVE, NO_DERIVATIVE
 from passes.masks import ALL, NONE
+from passes.tangent_gaps import is_partly_zero, note_unfollowed
 
 
 def _never(eqn, i):
@@ -658,7 +659,15 @@ class MixingLinear(JaxRule):
 
 
 class Conservative(passes_rules.Conservative, JaxRule):
-    """Known but not followed: inputs fully live, and the report says why."""
+    """Known but not followed: inputs fully live, and the report says why.
+    Forward mode takes the outputs' tangents as live; a partly zero input
+    tangent is noted, so that a singular operation after it is reported."""
+
+    def forward(self, fa, node, ins):
+        eqn = fa.graph.eqns[node]
+        if any(is_partly_zero(lv) for lv in ins):
+            note_unfollowed(fa, node, f"`{eqn.primitive.name}` (its output tangents taken as live)")
+        return [LIVE] * len(eqn.outvars)
 
 
 # -- when does an operation drop lanes of an input? ---------------------------

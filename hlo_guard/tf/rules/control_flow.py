@@ -14,7 +14,7 @@ op's inputs:
   an output guard downstream selects the tangent exactly as the double where
   would.  A branch whose output is *partly* zero (its mask lives inside the
   branch) or unknown is taken as fully live and noted (reported where it
-  reaches a singular op, :mod:`hlo_guard.tf.tangent_gaps`).
+  reaches a singular op, :mod:`passes.tangent_gaps`).
 - ``While``: the carried tangents' fixed point.  An output is fully live
   when its initial tangent and the body's output are both fully live; an
   accumulator that starts from a constant is live exactly when the loop ran
@@ -32,10 +32,10 @@ from hlo_guard.tf import compat
 from hlo_guard.tf.graph import TFGraph, carries_derivative
 from hlo_guard.tf.mask_ops import normalize
 from hlo_guard.tf.rules.structural import Conservative
-from hlo_guard.tf.tangent_gaps import body_seeds, note_unfollowed, tainted_values
 from passes.analysis import analyze_forward
 from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dead_by, partial_by
 from passes.masks import ALL
+from passes.tangent_gaps import body_seeds, note_unfollowed, tainted_values
 
 IFS = ("If", "StatelessIf")
 CASES = ("Case", "StatelessCase")

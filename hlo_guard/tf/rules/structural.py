@@ -30,9 +30,9 @@ from hlo_guard.tf.graph import is_inexact
 from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, shape_of, to_float
 from hlo_guard.tf.opcopy import copy_op
 from hlo_guard.tf.rules.base import TFRule, forward_placed, joined
-from hlo_guard.tf.tangent_gaps import is_partly_zero, note_unfollowed
 from passes.lattice import LIVE, partial_by
 from passes.masks import ALL, NONE
+from passes.tangent_gaps import is_partly_zero, note_unfollowed
 
 
 def _never(op, i):
