@@ -82,11 +82,13 @@ def tainted_values(
 
 
 def unguarded_sites(
-    graph, fa, backward, seeds: dict[str, str]
+    graph, fa, backward, seeds: dict[str, str], needs_guard=None
 ) -> tuple[dict[str, str], list[UnguardedSite]]:
     """(suspect values, unguarded sites): the operations that would need an
     output guard for a suspect input tangent, whose output's derivative is
-    used (backward liveness reaches an output)."""
+    used (backward liveness reaches an output).  ``needs_guard(backward,
+    node, output)`` refines the rule's ``guards_output`` where a front end
+    knows more (a JAX wrapper call scaling by a known finite constant)."""
     tainted, readers = tainted_values(graph, fa, seeds)
     rules = fa.rules
     sites: list[UnguardedSite] = []
@@ -95,7 +97,7 @@ def unguarded_sites(
         if node in seen:
             continue
         rule = rules.get(graph.op_name(node))
-        guards_output = getattr(rule, "guards_output", None)
+        guards_output = needs_guard or getattr(rule, "guards_output", None)
         if guards_output is None:
             continue
         for j, v in enumerate(graph.node_outputs(node)):

@@ -669,3 +669,24 @@ def test_a_cond_output_with_zero_tangent_lanes_is_guarded_after_it(case, mode):
     live branch taken keeps every lane)."""
     f, oracle = COND_OUTPUTS[case]
     assert_like_double_where(MODES[mode], f, oracle, X)
+
+
+_CONSTANT_FILL = jnp.array([0.0, 0.5, 0.0, 1.0], jnp.float32)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_closed_over_constant_taken_by_a_where_has_a_zero_tangent(mode):
+    """Found by a user-style hunt: the lanes ``where(x > 1, x, K)`` takes from
+    a closed-over array ``K`` have a zero tangent, but their tangent mask
+    was ALL (every graph input was given one), so the output guard on the
+    ``sqrt`` after it selected nothing: ``jacfwd`` all NaN, report empty."""
+
+    def f(x):
+        return jnp.sqrt(jnp.where(x > 1, x, _CONSTANT_FILL)).sum()
+
+    def oracle(x):
+        big = x > 1
+        return jnp.where(big, jnp.sqrt(jnp.where(big, x, 1.0)), jnp.sqrt(_CONSTANT_FILL)).sum()
+
+    assert np.isnan(np.asarray(jax.jacfwd(f)(X))).any()
+    assert_like_double_where(MODES[mode], f, oracle, X)

@@ -461,3 +461,33 @@ def test_both_branches_singular_somewhere():
         got = np.asarray(jax.grad(_sum(g))(x))
         np.testing.assert_allclose(got[[0, 2, 3]], [-0.5, 1.0, 0.25])
         assert np.isneginf(got[1])
+
+
+def test_vmap_of_a_while_loop_with_a_per_example_predicate():
+    """``guard(lambda X: vmap(f)(X))`` of a loop whose predicate depends on
+    each example: the vmapped equation's cond returns ``bool[batch]``, which
+    ``lax.while_loop`` refuses -- the guard crashed where plain JAX runs
+    (found by a user-style hunt).  The loop now runs while any example's
+    predicate holds, each keeping its carry once its own is false."""
+
+    def body(c):
+        return jnp.where(c > 0, jnp.sqrt(c), 0.0) + c * 2.0
+
+    def oracle_body(c):
+        pos = c > 0
+        return jnp.where(pos, jnp.sqrt(jnp.where(pos, c, 1.0)), 0.0) + c * 2.0
+
+    def loop(step):
+        return lambda X: jax.vmap(
+            lambda x: jax.lax.while_loop(lambda c: c.sum() < 10.0, step, x).sum()
+        )(X).sum()
+
+    xb = jnp.array([[0.5, 1.5, 2.0, 3.0], [0.0, 0.2, 0.3, 0.4]], jnp.float32)
+    f, oracle = loop(body), loop(oracle_body)
+    np.testing.assert_array_equal(np.asarray(guard(f)(xb)), np.asarray(f(xb)))
+    np.testing.assert_allclose(guarded_jit(f)(xb), jax.jit(f)(xb), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.jacfwd(guard(f))(xb)),
+        np.asarray(jax.jacfwd(oracle)(xb)),
+        rtol=1e-6,
+    )

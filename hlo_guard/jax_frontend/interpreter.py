@@ -161,8 +161,10 @@ class Scope:
         if self._fresolver is None:
             fa = self.forward if self.forward is not None else self.plan.forward
             inputs = list(self.jaxpr.invars) + list(self.jaxpr.constvars)
+            # only masks passed in are given: an input without one reads its
+            # liveness -- live ones all lanes, a closed-over constant none
+            # (``where(x > 1, x, K)`` takes K's lanes with a zero tangent)
             given = list(self._in_tmasks) if self._in_tmasks is not None else []
-            given += [ALL] * (len(inputs) - len(given))
             self._fresolver = ForwardMaskResolver(
                 fa, ALGEBRA, dict(zip(inputs, given)), self._output_tmasks, self.graph.producer
             )
@@ -810,6 +812,7 @@ def _bind_while(scope: Scope, node, eqn, invals):
     def cond_fun(carry):
         return eval_jaxpr(cond_jaxpr, cond_consts_closed, *cconsts, *carry)[0]
 
+    loop = partial(_while_loop, tuple(cond_jaxpr.outvars[0].aval.shape))
     if node in scope.plan.forward_context_calls:
         # the body in this forward context: its carries' tangent masks ride
         # along as extra carries, which the cond function ignores
@@ -820,9 +823,7 @@ def _bind_while(scope: Scope, node, eqn, invals):
             carry, carry_masks = carry_and_masks
             return masks.run(sub, body_consts_closed, [*bconsts, *carry], out_masks, carry_masks)
 
-        carry, _ = lax.while_loop(
-            lambda c: cond_fun(c[0]), body_with_masks, (list(init), masks.init)
-        )
+        carry, _ = loop(lambda c: cond_fun(c[0]), body_with_masks, (list(init), masks.init))
         return list(carry)
 
     def body_fun(carry):
@@ -830,7 +831,37 @@ def _bind_while(scope: Scope, node, eqn, invals):
             sub, body_consts_closed, [*bconsts, *carry], mode=scope.mode, nested=True
         )
 
-    return list(lax.while_loop(cond_fun, body_fun, list(init)))
+    return list(loop(cond_fun, body_fun, list(init)))
+
+
+def _while_loop(pred_shape, cond_fun, body_fun, init):
+    """``lax.while_loop``, also for the equation a ``vmap`` of a loop with a
+    per-example predicate leaves (its cond returns ``bool[batch]``, which
+    the primitive accepts and ``lax.while_loop`` does not): loop while any
+    example's predicate holds, each example keeping its carry once its own
+    is false -- what JAX's batching rule does."""
+    if pred_shape == ():
+        return lax.while_loop(cond_fun, body_fun, init)
+
+    def step(carry):
+        pred = cond_fun(carry)
+        new = body_fun(carry)
+        return jax.tree_util.tree_map(
+            lambda n, o: lax.select(_pred_for(pred, jax.numpy.shape(n)), n, o), new, carry
+        )
+
+    return lax.while_loop(lambda c: jax.numpy.any(cond_fun(c)), step, init)
+
+
+def _pred_for(pred, shape):
+    """A per-example predicate broadcast over a carry whose leading axes are
+    the examples'."""
+    if tuple(shape[: pred.ndim]) != tuple(pred.shape):
+        raise NotImplementedError(
+            f"a while loop with a per-example predicate of shape {pred.shape} and a carry "
+            f"of shape {tuple(shape)} not batched along its leading axes"
+        )
+    return lax.broadcast_in_dim(pred, tuple(shape), tuple(range(pred.ndim)))
 
 
 def _bind_scan(scope: Scope, node, eqn, invals):

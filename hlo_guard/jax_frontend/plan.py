@@ -29,6 +29,7 @@ from hlo_guard.jax_frontend.bodies import (
     body_of,
     control_bodies,
 )
+from hlo_guard.jax_frontend.compat import scan_layout
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
 from hlo_guard.jax_frontend.rule_table import RULES
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
@@ -41,7 +42,13 @@ from passes.planning import (
     plan_guards,
     plan_output_guards,
 )
-from passes.tangent_gaps import UNFOLLOWED, is_partly_zero, note_unfollowed, unguarded_sites
+from passes.tangent_gaps import (
+    UNFOLLOWED,
+    is_partly_zero,
+    note_unfollowed,
+    tainted_values,
+    unguarded_sites,
+)
 
 if TYPE_CHECKING:  # (the rules package imports this module)
     from hlo_guard.jax_frontend.rules.base import JaxRule
@@ -174,13 +181,48 @@ class GuardPlan:
         forward = self.forward
         note_unknown_operations(self.graph, forward)
         if UNFOLLOWED in forward.notes:
+            seeds = self._carried_taint(forward)
             seen = {site.node for site in found}
             found.extend(
                 site
-                for site in unguarded_sites(self.graph, forward, self.analysis, {})[1]
+                for site in unguarded_sites(
+                    self.graph, forward, self.analysis, seeds, output_may_blow_up
+                )[1]
                 if site.node not in seen
             )
         return found
+
+    def _carried_taint(self, forward: ForwardAnalysis) -> dict:
+        """A loop body's carry inputs whose tangent comes back around the
+        loop through a value taken as live (a ``sort`` or an inner loop in
+        the body): tainted in the next iteration, as the carry output is in
+        this one."""
+        caller = self.analysis.caller
+        if caller is None:
+            return {}
+        parent, node, _ = caller
+        eqn = cast(JaxprGraph, parent.graph).eqns[node]
+        jaxpr = self.graph.jaxpr
+        if eqn.primitive.name == "scan":
+            nconsts, ncarry = scan_layout(eqn.params, len(eqn.invars))
+            pairs = [(nconsts + j, j) for j in range(ncarry)]
+        elif eqn.primitive.name == "while":
+            nb = eqn.params["body_nconsts"]
+            pairs = [(nb + j, j) for j in range(len(jaxpr.outvars))]
+        else:
+            return {}
+        seeds: dict = {}
+        for _ in range(len(pairs) + 1):
+            tainted = tainted_values(self.graph, forward, seeds)[0]
+            changed = False
+            for i, j in pairs:
+                out, inp = jaxpr.outvars[j], jaxpr.invars[i]
+                if not isinstance(out, Literal) and out in tainted and inp not in seeds:
+                    seeds[inp] = tainted[out] + " around the loop"
+                    changed = True
+            if not changed:
+                break
+        return seeds
 
     @cached_property
     def forward_context_calls(self) -> frozenset[int]:
@@ -273,6 +315,30 @@ class GuardPlan:
                 if not isinstance(v, Literal):
                     uses.setdefault(v, []).append((node, i))
         return uses
+
+
+def output_may_blow_up(backward, node: int, index: int) -> bool:
+    """Whether a partly zero tangent reaching op ``node`` could turn
+    non-finite in output ``index``: its rule's ``guards_output``, and for a
+    plain call (every ``jnp`` wrapper) the same question of some operation
+    in its body, which sees the call's known constants -- ``c * 2.0`` is
+    ``jit(multiply)`` around a ``mul`` by a known finite scale."""
+    name = backward.graph.op_name(node)
+    rule = backward.rules.get(name)
+    if rule is None:
+        return True
+    if not rule.guards_output(backward, node, index):
+        return False
+    sub = backward.subs.get((node, 0))
+    if name not in REWRITTEN_CALLS or sub is None:
+        return True
+    graph = sub.graph
+    return any(
+        output_may_blow_up(sub, n, j)
+        for n in range(graph.node_count())
+        for j, v in enumerate(graph.node_outputs(n))
+        if v is not None and graph.carries_derivative(v)
+    )
 
 
 def note_unknown_operations(graph: JaxprGraph, forward: ForwardAnalysis) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from hlo_guard.jax_frontend.compat import scan_layout
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
-from hlo_guard.jax_frontend.plan import note_unknown_operations, plan_of
+from hlo_guard.jax_frontend.plan import note_unknown_operations, output_may_blow_up, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from passes.analysis import analyze_forward
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, merge_origins
@@ -172,7 +172,8 @@ def taint_gaps(sub, fa) -> list:
     if UNFOLLOWED not in fa.notes:
         return []
     own = {site.node for site in plan_of(sub).forward_unfollowed}
-    return [site for site in unguarded_sites(sub.graph, fa, sub, {})[1] if site.node not in own]
+    gaps = unguarded_sites(sub.graph, fa, sub, {}, output_may_blow_up)[1]
+    return [site for site in gaps if site.node not in own]
 
 
 def misses_in_context(sub, fa) -> bool:
