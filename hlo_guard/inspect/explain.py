@@ -384,26 +384,22 @@ class _Explainer:
         return out
 
     def skipped_output(self, analysis, node, index, reason) -> SiteInfo:
-        graph = analysis.graph
-        eqn = graph.eqns[node]
-        loc, _ = self.tree.location(graph, node)
-        return SiteInfo(
-            kind="unguarded",
-            op=_op_name(eqn),
-            location=loc,
-            scope=graph.scope,
-            primitive=eqn.primitive.name,
-            output=index,
-            mode="forward",
-            category="skipped",
-            node=node,
-            reason=f"forward-mode guard on output {index} skipped: {reason}",
+        return self._skipped_forward(
+            analysis, node, f"forward-mode guard on output {index} skipped: {reason}", output=index
         )
 
     def skipped_tangent_mask(self, analysis, node, index, reason) -> SiteInfo:
-        """A call body evaluated in its caller's forward context whose operand
+        """A body evaluated in its caller's forward context whose input
         ``index``'s tangent mask could not be built: the body took that
         tangent as live and guards nothing for it."""
+        return self._skipped_forward(
+            analysis,
+            node,
+            f"forward-mode tangent mask of input {index} (passed into its body) skipped: {reason}",
+            operand=index,
+        )
+
+    def _skipped_forward(self, analysis, node, reason, **which) -> SiteInfo:
         graph = analysis.graph
         eqn = graph.eqns[node]
         loc, _ = self.tree.location(graph, node)
@@ -412,13 +408,12 @@ class _Explainer:
             op=_op_name(eqn),
             location=loc,
             scope=graph.scope,
-            operand=index,
             primitive=eqn.primitive.name,
             mode="forward",
             category="skipped",
             node=node,
-            reason=f"forward-mode tangent mask of input {index} (passed into its body) "
-            f"skipped: {reason}",
+            reason=reason,
+            **which,
         )
 
     def forward_origin(self, token) -> OriginInfo:

@@ -513,33 +513,44 @@ class Scope:
                 fixed.append(ALL if lv.is_live else NONE)
         return passed, fixed, layouts
 
-    def tangent_masks_for(self, node: int, operands: Sequence[Any] | None = None):
+    def tangent_masks_for(
+        self,
+        node: int,
+        operands: Sequence[Any] | None = None,
+        compact: bool = True,
+        first: int = 0,
+    ):
         """Tangent masks of call ``node``'s operands to pass into a body
         evaluated in this forward context (:attr:`GuardPlan.forward_context`):
-        ``(passed, fixed, layouts)`` as for :meth:`output_masks_for` (always
-        compact), ``fixed`` None for a call guarded in its own context.  A
-        mask that needs an effectful value is passed as ALL (the operand's
-        tangent taken as live, so the body guards nothing for it) and
-        reported as a skipped guard.  ``operands``: those the body receives
-        (a ``cond``'s, after its index), by default all."""
+        ``(passed, fixed, layouts)`` as for :meth:`output_masks_for`, ``fixed``
+        None for a call guarded in its own context.  ``operands``: those the
+        body receives (a ``cond``'s, after its index), by default all; the
+        first is the body's input ``first``."""
         if node not in self.plan.forward_context_calls:
             return [], None, []
         eqn = self.graph.eqns[node]
         passed: list[Any] = []
         fixed: list[Any] = []
         layouts: list[Any] = []
-        for i, v in enumerate(eqn.invars if operands is None else operands):
-            try:
-                m = self.tangent_mask(v)
-            except ShadowUnavailable as exc:
-                self.record.skip(node, ("tangent", i), str(exc))
-                m = ALL
+        for i, v in enumerate(eqn.invars if operands is None else operands, start=first):
+            m = self.operand_tangent_mask(node, v, i)
             if m is ALL or m is NONE:
                 fixed.append(m)
             else:
-                _pass_mask(m, tuple(v.aval.shape), True, passed, layouts)
+                _pass_mask(m, tuple(v.aval.shape), compact, passed, layouts)
                 fixed.append(None)
         return passed, fixed, layouts
+
+    def operand_tangent_mask(self, node: int, v, index: int):
+        """The tangent mask of ``v``, call ``node``'s operand that is its
+        body's input ``index``.  A mask that needs an effectful value is ALL
+        (the tangent taken as live, so the body guards nothing for it) and
+        reported as a skipped guard."""
+        try:
+            return self.tangent_mask(v)
+        except ShadowUnavailable as exc:
+            self.record.skip(node, ("tangent", index), str(exc))
+            return ALL
 
     def _bind(self, node, eqn, invals):
         binder = BINDERS.get(eqn.primitive.name)
@@ -912,23 +923,21 @@ class _CarriedTangentMasks:
         self.scope, self.node, self.body_jaxpr = scope, node, body_jaxpr
         self.n_consts, self.n_carry = n_consts, n_carry
         context = scope.plan.forward.subs[(node, 0)]
-        self.const_masks = [self.operand_mask(v, i) for i, v in enumerate(operands[:n_consts])]
+        self.const_masks = [
+            scope.operand_tangent_mask(node, v, i) for i, v in enumerate(operands[:n_consts])
+        ]
         carry_vars = body_jaxpr.invars[n_consts : n_consts + n_carry]
         self.carried = [
             j for j, v in enumerate(carry_vars) if not context.value_liveness(v).is_live
         ]
         self.shapes = {j: tuple(carry_vars[j].aval.shape) for j in self.carried}
         self.init = [
-            to_guard_mask(self.operand_mask(operands[n_consts + j], n_consts + j), self.shapes[j])
+            to_guard_mask(
+                scope.operand_tangent_mask(node, operands[n_consts + j], n_consts + j),
+                self.shapes[j],
+            )
             for j in self.carried
         ]
-
-    def operand_mask(self, v, index: int):
-        try:
-            return self.scope.tangent_mask(v)
-        except ShadowUnavailable as exc:
-            self.scope.record.skip(self.node, ("tangent", index), str(exc))
-            return ALL
 
     def run(self, sub, consts, args, out_masks, carry_masks, x_masks=()):
         """(outputs, the next iteration's carry masks) of one guarded iteration."""
@@ -974,15 +983,10 @@ def _bind_scan_in_forward_context(scope: Scope, node, eqn, invals, passed, fixed
         invals[nconsts + ncarry :],
     )
     masks = _CarriedTangentMasks(scope, node, body_jaxpr, eqn.invars, nconsts, ncarry)
-    xs_fixed: list[Any] = []
-    xs_passed: list[Any] = []
-    for i, v in enumerate(eqn.invars[nconsts + ncarry :], start=nconsts + ncarry):
-        m = masks.operand_mask(v, i)
-        if m is ALL or m is NONE:
-            xs_fixed.append(m)
-        else:
-            xs_fixed.append(None)
-            xs_passed.append(to_guard_mask(m, tuple(v.aval.shape)))
+    # the xs' masks whole (scan slices them), as extra xs
+    xs_passed, xs_fixed, _ = scope.tangent_masks_for(
+        node, eqn.invars[nconsts + ncarry :], compact=False, first=nconsts + ncarry
+    )
 
     def body(carry_and_masks, x_and_masks):
         carry, carry_masks = carry_and_masks

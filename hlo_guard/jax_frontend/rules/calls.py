@@ -44,8 +44,9 @@ from hlo_guard.jax_frontend.rules.forward_context import (
     body_tangents,
     carried_zero_meets_hazard,
     carry_fixpoint,
-    every_branch,
+    in_every_case,
     misses_in_context,
+    needs_guards_in,
     nested_needs_context,
     note_tainted_outputs,
     partly_zero_operand_tangent,
@@ -54,13 +55,10 @@ from hlo_guard.jax_frontend.rules.forward_context import (
 from hlo_guard.jax_frontend.trace_cache import WeakCacheByJaxpr
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import ALL, NONE
-from passes.planning import plan_output_guards
 from passes.rules import ForwardRule, implements
 from passes.tangent_gaps import (
-    UNFOLLOWED,
     is_partly_zero,
     note_unfollowed,
-    tainted_values,
 )
 
 #: calls the boundary placement may see through (:meth:`Call.transparent_body`)
@@ -249,9 +247,7 @@ class Call(JaxRule):
         inner_forward = forward.subs.get((node, 0))
         if inner_backward is None or inner_forward is None:
             return None
-        return bool(plan_output_guards(inner_backward, inner_forward)) or nested_needs_context(
-            inner_backward, inner_forward
-        )
+        return needs_guards_in(inner_backward, inner_forward)
 
 
 #: jaxpr -> :func:`_output_guards_cover`
@@ -377,7 +373,7 @@ class ControlFlow(JaxRule):
                     NO_DERIVATIVE if is_literal(v) else sub.value_liveness(v) for v in body.outvars
                 ]
                 outs = (
-                    branch if outs is None else [every_branch(a, b) for a, b in zip(outs, branch)]
+                    branch if outs is None else [in_every_case(a, b) for a, b in zip(outs, branch)]
                 )
                 note_tainted_outputs(fa, node, sub, body)
             return outs if outs is not None else [LIVE] * len(eqn.outvars)
@@ -388,9 +384,9 @@ class ControlFlow(JaxRule):
             graph = JaxprGraph(body, f"{scope_name(fa.graph.scope, eqn)}[0]", body.constvars)
             entry, carries = body_tangents(eqn, list(ins))
             fa.subs[(node, 0)] = carry_fixpoint(graph, body, entry, carries)[-1]
+            self._note_partly_zero_outputs(fa, node, eqn)
         elif any(is_partly_zero(lv) for lv in ins):  # shard_map: not followed at all
             note_unfollowed(fa, node, f"the `{name}` boundary (its output tangents taken as live)")
-        self._note_partly_zero_outputs(fa, node, eqn)
         return [LIVE] * len(eqn.outvars)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
@@ -416,30 +412,25 @@ class ControlFlow(JaxRule):
 
     @staticmethod
     def _note_partly_zero_outputs(fa, node, eqn) -> None:
-        """The outputs are taken as live; where a body's output tangent is in
-        fact partly zero (a branch's ``where``, a zero entering a loop), or
-        was taken as live inside, the output is noted, so that a singular
-        operation after it is reported (:mod:`passes.tangent_gaps`)."""
-        name = eqn.primitive.name
-        bodies = [
-            (fa.subs[(node, k)], body)
-            for k, (body, _) in enumerate(control_bodies(eqn))
-            if (node, k) in fa.subs
-        ]  # (a cond's outputs are followed: see forward)
-        noted: set[int] = set()
-        for sub, body in bodies:
-            tainted = tainted_values(sub.graph, sub, {})[0] if UNFOLLOWED in sub.notes else {}
-            # (a body's outputs are the equation's, in order: a scan's carries
-            # then its ys, a while's carries, a branch's outputs)
-            for j, v in enumerate(body.outvars):
-                if is_literal(v):
-                    continue
-                if is_partly_zero(sub.value_liveness(v)) or v in tainted:
-                    noted.add(j)
-        if noted:
-            note_unfollowed(
-                fa, node, f"`{name}` (its output tangents taken as live)", sorted(noted)
-            )
+        """A loop's outputs are taken as live; where the body's output tangent
+        is in fact partly zero (a zero entering the loop, or made by it), or
+        was taken as live inside it, the output is noted, so that a singular
+        operation after the loop is reported (:mod:`passes.tangent_gaps`).
+        (A body's outputs are the equation's, in order: a scan's carries
+        then its ys, a while's carries.)"""
+        sub = fa.subs.get((node, 0))
+        if sub is None:
+            return
+        ((body, _),) = control_bodies(eqn)
+        reason = f"`{eqn.primitive.name}` (its output tangents taken as live)"
+        partly_zero = [
+            j
+            for j, v in enumerate(body.outvars)
+            if not is_literal(v) and is_partly_zero(sub.value_liveness(v))
+        ]
+        if partly_zero:
+            note_unfollowed(fa, node, reason, partly_zero)
+        note_tainted_outputs(fa, node, sub, body, reason)
 
     def guards_in_forward_context(self, backward, forward, node):
         """A ``cond`` whose operands' tangents are partly zero and a branch of
@@ -459,18 +450,15 @@ class ControlFlow(JaxRule):
                 return False
             if all(lv.is_live or not lv.reaches_output for lv in sub_forward.in_liveness):
                 return False  # the body's own context: every tangent live
-            return bool(plan_output_guards(sub, sub_forward)) or nested_needs_context(
-                sub, sub_forward
-            )
+            return needs_guards_in(sub, sub_forward)
         if name != "cond":
             return False
         if partly_zero_operand_tangent(backward, forward, node) is None:
             return False
         for k in range(len(eqn.params["branches"])):
             sub, sub_forward = backward.subs.get((node, k)), forward.subs.get((node, k))
-            if sub is not None and sub_forward is not None:
-                if plan_output_guards(sub, sub_forward) or nested_needs_context(sub, sub_forward):
-                    return True
+            if sub is not None and sub_forward is not None and needs_guards_in(sub, sub_forward):
+                return True
         return False
 
     def forward_unfollowed(self, backward, forward, node):

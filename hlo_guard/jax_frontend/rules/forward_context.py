@@ -33,6 +33,13 @@ from passes.planning import plan_output_guards
 from passes.tangent_gaps import UNFOLLOWED, note_unfollowed, tainted_values, unguarded_sites
 
 
+def needs_guards_in(sub, fa) -> bool:
+    """Whether body ``sub`` needs a forward guard in the tangent context
+    ``fa``: an output guard of its own, or a call, ``cond`` or loop inside
+    it that would be evaluated in that context (:func:`nested_needs_context`)."""
+    return bool(plan_output_guards(sub, fa)) or nested_needs_context(sub, fa)
+
+
 def nested_needs_context(sub, fa) -> bool:
     """Whether a call or ``cond`` in body ``sub`` would be evaluated in the
     forward context ``fa`` gives it (so the body must pass its masks on)."""
@@ -100,7 +107,7 @@ def carry_fixpoint(graph, body, entry, carries) -> list:
     a derivative once either does -- an accumulator that starts from a
     constant (no tangent in the first iteration, a live one after) is
     partly zero, not derivative-free, or the lanes it gains later would be
-    masked as zero (:func:`every_iteration`).  Each round only lowers a
+    masked as zero (:func:`in_every_case`).  Each round only lowers a
     carry's level, so the rounds end."""
     tangents = list(entry) + [LIVE] * len(body.constvars)
     rounds = []
@@ -111,7 +118,7 @@ def carry_fixpoint(graph, body, entry, carries) -> list:
         for i, j in carries:
             out = body.outvars[j]
             lv = NO_DERIVATIVE if is_literal(out) else fa.value_liveness(out)
-            merged = every_iteration(tangents[i], lv)
+            merged = in_every_case(tangents[i], lv)
             if merged.level is not tangents[i].level or (
                 merged.reaches_output != tangents[i].reaches_output
             ):
@@ -121,43 +128,38 @@ def carry_fixpoint(graph, body, entry, carries) -> list:
             return rounds
 
 
-def every_branch(a: Liveness, b: Liveness) -> Liveness:
-    """The tangent liveness of a ``cond`` output whose branches give ``a``
-    and ``b``: as for a loop carry (:func:`every_iteration`), live only where
-    both are -- the mask is the taken branch's, chosen at run time."""
-    return every_iteration(a, b)
+def in_every_case(a: Liveness, b: Liveness) -> Liveness:
+    """The tangent liveness of a value that is ``a`` in some cases and ``b``
+    in others -- a loop carry entering (``a``) and leaving an iteration
+    (``b``), a ``cond`` output from two branches (its mask, the taken
+    branch's, is chosen at run time): live only where both are; partly zero
+    where one is zero somewhere, or has no derivative while the other has
+    one; no derivative only if neither has.  Folded over a loop's
+    iterations, each carry's level changes at most twice."""
+    if not b.reaches_output and not a.reaches_output:
+        return a
+    if not a.reaches_output:  # none in one case, one in the other
+        return b if b.is_dead else Liveness(Level.PARTIAL, b.origins)
+    if not b.reaches_output:
+        return a if a.is_dead else Liveness(Level.PARTIAL, a.origins)
+    if a.is_live and b.is_live:
+        return a
+    if a.is_dead and b.is_dead or a.is_partial:
+        return a
+    return Liveness(Level.PARTIAL, merge_origins(a.origins, b.origins))
 
 
-def every_iteration(carried: Liveness, out: Liveness) -> Liveness:
-    """The tangent liveness a loop carry has in some iteration or another,
-    given what it has entering (``carried``) and leaving one (``out``):
-    live only where both are; partly zero where one is zero somewhere, or
-    has no derivative while the other has one; no derivative only if
-    neither has.  Each carry's level changes at most twice."""
-    if not out.reaches_output and not carried.reaches_output:
-        return carried
-    if not carried.reaches_output:  # none entering, one after the first iteration
-        return out if out.is_dead else Liveness(Level.PARTIAL, out.origins)
-    if not out.reaches_output:  # one entering, none after the first iteration
-        return carried if carried.is_dead else Liveness(Level.PARTIAL, carried.origins)
-    if carried.is_live and out.is_live:
-        return carried
-    if carried.is_dead and out.is_dead or carried.is_partial:
-        return carried
-    return Liveness(Level.PARTIAL, merge_origins(carried.origins, out.origins))
-
-
-def note_tainted_outputs(fa, node, sub, body) -> None:
-    """A call's outputs whose tangents were taken as live somewhere in its
-    body (a ``sort``, a loop's outputs): noted in the caller, so that the
-    taint reaches the caller's singular operations after the call."""
-    if UNFOLLOWED not in sub.notes and not any(UNFOLLOWED in s.notes for s in sub.subs.values()):
+def note_tainted_outputs(fa, node, sub, body, reason: str | None = None) -> None:
+    """A call's or a control-flow body's outputs whose tangents were taken
+    as live somewhere in the body (a ``sort``, a loop's outputs): noted in
+    the caller, so that the taint reaches the caller's singular operations
+    after it, with the taint's own reason unless ``reason`` is given."""
+    if UNFOLLOWED not in sub.notes:  # (nested bodies' taint reaches it as notes)
         return
     tainted = tainted_values(sub.graph, sub, {})[0]
     outs = [j for j, v in enumerate(body.outvars) if not is_literal(v) and v in tainted]
     if outs:
-        reason = next(iter(tainted[body.outvars[j]] for j in outs))
-        note_unfollowed(fa, node, reason, outs)
+        note_unfollowed(fa, node, reason or tainted[body.outvars[outs[0]]], outs)
 
 
 #: a tangent partly zero for reasons no origin names (a fallback for reports)
