@@ -690,3 +690,47 @@ def test_a_closed_over_constant_taken_by_a_where_has_a_zero_tangent(mode):
 
     assert np.isnan(np.asarray(jax.jacfwd(f)(X))).any()
     assert_like_double_where(MODES[mode], f, oracle, X)
+
+
+#: the same bodies entered by ``where(x >= 0, x, 0)``: the lane at 0 is
+#: *selected*, so ``sqrt'(0) = inf`` there is a genuine singularity.
+#: (f, oracle): the oracle writes the double where in the same control flow
+#: (a scan's second-order JVP turns the inf into NaN in that row, with or
+#: without the guard)
+GENUINE_AT_ZERO = {
+    "jit": (
+        lambda x: _sqrt_plus_mean(jnp.where(x >= 0, x, 0.0)).sum(),
+        lambda x: _sqrt_plus_mean_oracle(x >= 0, x).sum(),
+    ),
+    "cond": (
+        lambda x: lax.cond(x[3] > 0, _sqrt_plus_mean, lambda u: u, jnp.where(x >= 0, x, 0.0)).sum(),
+        lambda x: lax.cond(
+            x[3] > 0,
+            lambda u: _sqrt_plus_mean_oracle(x >= 0, u),
+            lambda u: u,
+            jnp.where(x >= 0, x, 0.0),
+        ).sum(),
+    ),
+    "scan": (
+        lambda x: lax.scan(
+            lambda c, _: (_sqrt_plus_mean(c), None), jnp.where(x >= 0, x, 0.0), None, length=1
+        )[0].sum(),
+        lambda x: lax.scan(
+            lambda c, _: (_sqrt_plus_mean_oracle(x >= 0, c), None),
+            jnp.where(x >= 0, x, 0.0),
+            None,
+            length=1,
+        )[0].sum(),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "jacfwd_jacfwd"])
+@pytest.mark.parametrize("case", sorted(GENUINE_AT_ZERO))
+def test_a_genuine_singularity_in_a_body_guarded_in_context_stays(case, mode):
+    """The masks passed into a body evaluated in its caller's forward
+    context clean only the unselected lanes: the selected lane at 0 keeps
+    JAX's non-finite derivative, exactly where the double where has it."""
+    f, oracle = GENUINE_AT_ZERO[case]
+    assert not np.isfinite(np.asarray(MODES[mode](guard(f))(X))).all()
+    assert_like_double_where(MODES[mode], f, oracle, X)
