@@ -766,6 +766,91 @@ def test_a_zero_coming_back_around_a_loop_through_a_sort_is_reported():
     assert "around the loop" in gaps[0].reason
 
 
+#: a tangent taken as live (out of a ``sort``, a loop) entering a branch or
+#: loop body whose ``sqrt`` reads it: (f, the reported op)
+TAINT_ENTERING_A_BODY = {
+    "cond branch": lambda x: lax.cond(
+        x[0] < 0, jnp.sqrt, lambda v: v * 2.0, jnp.sort(_positive_part(x))
+    ).sum(),
+    "cond branch mixing lanes": lambda x: lax.cond(
+        x[0] < 0, lambda v: jnp.sqrt(v) + v.mean(), lambda v: v * 2.0, jnp.sort(_positive_part(x))
+    ).sum(),
+    "scan xs": lambda x: lax.scan(
+        lambda c, e: (c + jnp.sqrt(e), None), 0.0, jnp.sort(_positive_part(x))
+    )[0],
+    "scan carry": lambda x: lax.scan(
+        lambda c, _: (jnp.sqrt(c) + 1.0, None), jnp.sort(_positive_part(x)), None, length=2
+    )[0].sum(),
+    "fori_loop carry": lambda x: lax.fori_loop(
+        0, 2, lambda i, c: jnp.sqrt(c) + 1.0, jnp.sort(_positive_part(x))
+    ).sum(),
+    "a loop's output into a cond": lambda x: lax.cond(
+        x[0] < 0,
+        jnp.sqrt,
+        lambda v: v,
+        lax.fori_loop(0, 3, lambda i, c: c * 0.5, _positive_part(x)),
+    ).sum(),
+    "jit holding a cond": lambda x: jax.jit(
+        lambda v: lax.cond(v[0] >= 0, jnp.sqrt, lambda u: u, v)
+    )(jnp.sort(_positive_part(x))).sum(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAINT_ENTERING_A_BODY))
+def test_a_taint_entering_a_body_is_reported_inside(case):
+    """Found by this session's hunt: a tangent taken as live entered a
+    ``cond`` branch or loop body, whose own analysis takes its inputs as
+    live, so the ``sqrt`` inside got no guard and no report while ``jacfwd``
+    was NaN.  The body's inputs are now seeded with the caller's taint (as
+    the TF front end's ``body_seeds`` do), and a call holding such a body is
+    reported at the call."""
+    f = TAINT_ENTERING_A_BODY[case]
+    x = jnp.array([-1.0, -2.0, 1.0, 4.0], jnp.float32)
+    assert np.isnan(np.asarray(jax.jacfwd(hlo_guard.guard(f))(x))).any()
+    gaps = [u for u in explain(f, x).unguarded if u.reason.startswith("forward mode")]
+    assert gaps, "a NaN tangent with an empty report"
+    assert "taken as live" in gaps[0].reason
+
+
+def test_nested_scans_feeding_an_inner_output_back_are_reported():
+    """hunt11 F2b: an outer loop's accumulator made from an inner scan's
+    output (whose tangent forward mode takes as live) comes back around the
+    outer loop into the inner body's ``sqrt``.  Its lanes are not known
+    there: reported (it was neither guarded nor reported)."""
+
+    def f(x):
+        def outer(acc, _):
+            ys = lax.scan(lambda c, e: (c, jnp.sqrt(c + e)), acc, jnp.zeros(2))[1]
+            return jnp.where(ys[0] > 1.0, ys[0], 0.0), None
+
+        return lax.scan(outer, x, None, length=3)[0].sum()
+
+    x = jnp.array([-1.0, -2.0, 1.0, 4.0], jnp.float32)
+    gaps = [u for u in explain(f, x).unguarded if u.reason.startswith("forward mode")]
+    assert [u.op for u in gaps] == ["sqrt"]
+    assert "around the loop" in gaps[0].reason
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda v, w: v * 2.0 + w,
+        lambda v, w: v * 2.0 + jnp.sqrt(w),
+    ],
+    ids=["scale", "sqrt of a live value"],
+)
+def test_a_taint_entering_a_safe_body_is_not_reported(body):
+    """A branch that only scales the tainted value, or whose ``sqrt`` reads
+    a value the taint does not reach, has nothing to report."""
+
+    def f(x):
+        v, w = jnp.sort(_positive_part(x)), x * x + 1.0
+        return lax.cond(x[0] < 0, body, lambda v, w: v + w, v, w).sum()
+
+    x = jnp.array([-1.0, -2.0, 1.0, 4.0], jnp.float32)
+    assert not [u for u in explain(f, x).unguarded if u.reason.startswith("forward mode")]
+
+
 @pytest.mark.parametrize("after", ["scale", "divide", "mean"])
 def test_a_finite_scale_after_an_unfollowed_output_is_not_reported(after):
     """A tangent taken as live out of a scan then scaled by a known finite

@@ -177,29 +177,82 @@ class GuardPlan:
                     self.forward_gap_contexts[node] = context
         # tangents taken as live without knowing it (a sort's or a loop's
         # outputs, an unknown operation's), followed to the singular
-        # operations they reach
-        forward = self.forward
-        note_unknown_operations(self.graph, forward)
-        if UNFOLLOWED in forward.notes:
-            seeds = self._carried_taint(forward)
+        # operations they reach -- from inside this graph, from the caller
+        # (a value entering a loop or branch body) or around a loop
+        seeds = self.forward_taint_seeds
+        if UNFOLLOWED in self.forward.notes or seeds:
             seen = {site.node for site in found}
             found.extend(
                 site
                 for site in unguarded_sites(
-                    self.graph, forward, self.analysis, seeds, output_may_blow_up
+                    self.graph, self.forward, self.analysis, seeds, output_may_blow_up
                 )[1]
                 if site.node not in seen
             )
         return found
 
-    def _carried_taint(self, forward: ForwardAnalysis) -> dict:
-        """A loop body's carry inputs whose tangent comes back around the
-        loop through a value taken as live (a ``sort`` or an inner loop in
-        the body): tainted in the next iteration, as the carry output is in
-        this one."""
+    @cached_property
+    def forward_taint_seeds(self) -> dict:
+        """This graph's inputs whose tangent lanes are not known although
+        its forward analysis may think so: a control-flow body's operands
+        tainted in the caller (:meth:`_entering_taint`), and a loop body's
+        carries the taint reaches around the loop (:meth:`_carried_taint`)."""
+        forward = self.forward
+        note_unknown_operations(self.graph, forward)
+        seeds = self._entering_taint()
+        if UNFOLLOWED not in forward.notes and not seeds:
+            return {}
+        return self._carried_taint(forward, seeds)
+
+    @cached_property
+    def forward_tainted(self) -> dict:
+        """Every value of this graph whose tangent comes through one taken as
+        live without knowing it: value -> the reason (:mod:`passes.tangent_gaps`)."""
+        seeds = self.forward_taint_seeds
+        if UNFOLLOWED not in self.forward.notes and not seeds:
+            return {}
+        return tainted_values(self.graph, self.forward, seeds)[0]
+
+    def _entering_taint(self) -> dict:
+        """A ``cond`` branch's, a loop body's or a ``shard_map`` body's inputs
+        whose operand is tainted in the caller (a ``sort``'s output passed
+        in): the body's own analysis takes their tangents as live, so a
+        singular operation inside that reads them is reported here.  (A
+        call's body is not seeded: the call itself is reported where a
+        tainted value enters it and its body may blow up,
+        :func:`output_may_blow_up`.)"""
         caller = self.analysis.caller
         if caller is None:
             return {}
+        parent, node, _ = caller
+        eqn = cast(JaxprGraph, parent.graph).eqns[node]
+        name = eqn.primitive.name
+        if name == "cond":
+            operands = list(eqn.invars[1:])
+        elif name in ("scan", "shard_map"):
+            operands = list(eqn.invars)
+        elif name == "while":
+            operands = list(eqn.invars[eqn.params["cond_nconsts"] :])
+        else:
+            return {}
+        tainted = plan_of(parent).forward_tainted
+        if not tainted:
+            return {}
+        where = f"`{name}`'s operand"
+        return {
+            inner: f"{tainted[outer]}, entering {where}"
+            for inner, outer in zip(self.graph.jaxpr.invars, operands)
+            if not isinstance(outer, Literal) and outer in tainted
+        }
+
+    def _carried_taint(self, forward: ForwardAnalysis, seeds: dict) -> dict:
+        """``seeds`` and a loop body's carry inputs whose tangent comes back
+        around the loop through a value taken as live (a ``sort`` or an inner
+        loop in the body, or a tainted value entering it): tainted in the
+        next iteration, as the carry output is in this one."""
+        caller = self.analysis.caller
+        if caller is None:
+            return seeds
         parent, node, _ = caller
         eqn = cast(JaxprGraph, parent.graph).eqns[node]
         jaxpr = self.graph.jaxpr
@@ -210,8 +263,8 @@ class GuardPlan:
             nb = eqn.params["body_nconsts"]
             pairs = [(nb + j, j) for j in range(len(jaxpr.outvars))]
         else:
-            return {}
-        seeds: dict = {}
+            return seeds
+        seeds = dict(seeds)
         for _ in range(len(pairs) + 1):
             tainted = tainted_values(self.graph, forward, seeds)[0]
             changed = False
@@ -332,13 +385,32 @@ def output_may_blow_up(backward, node: int, index: int) -> bool:
     sub = backward.subs.get((node, 0))
     if name not in REWRITTEN_CALLS or sub is None:
         return True
+    return _body_may_blow_up(sub)
+
+
+def _body_may_blow_up(sub: Analysis) -> bool:
+    """Whether some operation in body ``sub`` could turn a partly zero
+    tangent non-finite (:func:`output_may_blow_up`), looking into the
+    branches and loop bodies it holds: a ``cond`` or loop never guards its
+    own outputs, but a ``sqrt`` inside it does."""
     graph = sub.graph
-    return any(
-        output_may_blow_up(sub, n, j)
-        for n in range(graph.node_count())
-        for j, v in enumerate(graph.node_outputs(n))
-        if v is not None and graph.carries_derivative(v)
-    )
+    for n in range(graph.node_count()):
+        if graph.op_name(n) in _CONTROL_FLOW:
+            if any(_body_may_blow_up(b) for (m, _), b in sub.subs.items() if m == n):
+                return True
+            continue
+        if any(
+            output_may_blow_up(sub, n, j)
+            for j, v in enumerate(graph.node_outputs(n))
+            if v is not None and graph.carries_derivative(v)
+        ):
+            return True
+    return False
+
+
+#: operations whose bodies a taint entering them is followed into
+#: (:meth:`GuardPlan._entering_taint`)
+_CONTROL_FLOW = frozenset({"cond", "scan", "while", "shard_map"})
 
 
 def note_unknown_operations(graph: JaxprGraph, forward: ForwardAnalysis) -> None:
