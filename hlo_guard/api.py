@@ -21,7 +21,11 @@ import jax
 
 from hlo_guard.collection import building_a_program, collection_paused
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.jax_frontend.compat import public_nan_errors, staged_into_a_jaxpr
+from hlo_guard.jax_frontend.compat import (
+    never_differentiated,
+    public_nan_errors,
+    staged_into_a_jaxpr,
+)
 from hlo_guard.jax_frontend.interpreter import run_guarded
 from hlo_guard.jax_frontend.trace_cache import (
     DEFAULT_CACHE_BYTES,
@@ -111,19 +115,28 @@ class GuardedFunction:
     def traced(self, *args, **kwargs):
         """(program, flat dynamic leaves) for these arguments, tracing on a
         cache miss: the program a call made here evaluates."""
-        staged = staged_into_a_jaxpr() and not getattr(_INSPECTING, "active", False)
-        return self.traced_for(staged, args, kwargs)
+        inspecting = getattr(_INSPECTING, "active", False)
+        staged = staged_into_a_jaxpr() and not inspecting
+        # (value mode promises finite values in dead lanes, constants' too)
+        see_constants = not inspecting and self.mode == "gradient"
+        return self.traced_for(staged, args, kwargs, see_constants)
 
-    def traced_for(self, staged: bool, args, kwargs):
+    def traced_for(self, staged: bool, args, kwargs, see_constants: bool = False):
         """:meth:`traced` for a call staged into a jaxpr (``staged``: under
         ``jax.jit``, where the program is compiled whole and jnp's inline
         jits are inlined in its trace as JAX's own trace inlines them -- fewer
         bodies to analyse) or evaluated eagerly (they stay calls, each run as
-        one computation as eager JAX runs it: the same bits)."""
+        one computation as eager JAX runs it: the same bits).
+
+        ``see_constants``: arguments no enclosing transformation can
+        differentiate, beside ones it can, are traced as constants (no
+        tangent, no cotangent; :func:`constant_arguments`).  Without it the
+        program is the one every call shape shares (reports describe it)."""
         key, leaves, avals, layout, static = signature_of(
             self.fn, args, kwargs, self.static_argnums, self.static_argnames
         )
-        key = (key, bool(staged))
+        constant = constant_arguments(leaves) if see_constants else ()
+        key = (key, bool(staged), constant)
         program = self._cache.get(key)
         if program is None:
             program = trace(
@@ -135,6 +148,7 @@ class GuardedFunction:
                 self.static_argnums,
                 self.static_argnames,
                 keep_inline_jits=not staged,
+                constant_leaves=constant,
             )
             # A function that closes over a tracer of an enclosing transformation
             # (guard inside jax.grad of something else) bakes that tracer into the
@@ -188,6 +202,20 @@ class GuardedFunction:
         mode = "" if self.mode == "gradient" else f", mode={self.mode!r}"
         aux = ", has_aux=True" if self.has_aux else ""
         return f"guard({getattr(self.fn, '__qualname__', self.fn)!r}{mode}{aux})"
+
+
+def constant_arguments(leaves) -> tuple[int, ...]:
+    """The leaves no transformation enclosing this call can differentiate
+    (:func:`~hlo_guard.jax_frontend.compat.never_differentiated`), when
+    others can: ``jax.jacfwd(guard(f))(x, k)`` differentiates ``x`` only.
+    Traced as constants, ``where(x > 1, x, k)`` is known to take ``k``'s
+    lanes with a zero tangent, and a ``sqrt`` after it gets its forward
+    guard.  Empty when every leaf is alike (a plain eager call, or every
+    leaf a tracer): the one program a signature shares."""
+    flags = [never_differentiated(leaf) for leaf in leaves]
+    if all(flags) or not any(flags):
+        return ()
+    return tuple(i for i, flag in enumerate(flags) if flag)
 
 
 _INSPECTING = threading.local()

@@ -149,6 +149,26 @@ def evaluating_eagerly() -> bool:
     return eval_trace is not None and type(jcore.trace_ctx.trace) is eval_trace
 
 
+def never_differentiated(x) -> bool:
+    """Whether no transformation enclosing this call can differentiate
+    ``x``: a concrete array (an argument ``jax.jacfwd``'s ``argnums`` left
+    out, a constant passed in), or only a batching trace's tracer of one.
+    A jaxpr trace's tracer may be differentiated after staging
+    (``jax.grad(jax.jit(f))``), and a JVP's carries a tangent, so both
+    count as differentiable."""
+    import jax
+    from jax._src.interpreters import batching
+
+    batch_tracer = getattr(batching, "BatchTracer", None)
+    for _ in range(256):  # (a deeper nesting: say no)
+        if not isinstance(x, jax.core.Tracer):
+            return True
+        if batch_tracer is None or type(x) is not batch_tracer:
+            return False
+        x = x.val
+    return False  # pragma: no cover
+
+
 def inline_jits_inline_here() -> bool:
     """Whether a ``jit(inline=True)`` bound now would be inlined into the
     jaxpr being traced (a plain jaxpr trace that is not one of ours keeping

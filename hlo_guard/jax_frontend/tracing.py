@@ -241,6 +241,7 @@ def trace(
     static_argnums=(),
     static_argnames=(),
     keep_inline_jits: bool = True,
+    constant_leaves: Sequence[int] = (),
 ) -> TracedProgram:
     """``fn``'s jaxpr at these argument types, and its analysis.
 
@@ -250,7 +251,8 @@ def trace(
     to give the same bits.  A program staged into a jaxpr is compiled whole
     and needs no such boundary: its trace inlines them, as JAX's does.
     JAX's tracing errors name ``fn`` and its arguments, not this flat
-    wrapper."""
+    wrapper.  ``constant_leaves``: leaves no enclosing transformation
+    differentiates, analysed as constants (no derivative)."""
     out_tree_box = []
 
     def flat_fn(*leaves):
@@ -279,5 +281,6 @@ def trace(
         for v, c in zip(closed.jaxpr.constvars, closed.consts)
         if not isinstance(c, jax.core.Tracer)
     ]
+    constant += [closed.jaxpr.invars[i] for i in constant_leaves]
     analysis = analyze(JaxprGraph(closed.jaxpr, constant_inputs=constant), RULES)
     return TracedProgram(closed, analysis, layout, out_tree_box[-1])
