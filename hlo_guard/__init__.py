@@ -16,6 +16,7 @@ from hlo_guard.inspect.compare import compare
 from hlo_guard.inspect.diagnose import diagnose
 from hlo_guard.inspect.dumps import dump, dump_lowered
 from hlo_guard.inspect.explain import explain
+from hlo_guard.jax_frontend.argument_tangents import UnguardedTangentWarning
 
 __version__ = "0.1.0"
 
@@ -30,5 +31,6 @@ __all__ = [
     "dump_lowered",
     "GuardUsageError",
     "HloGuardError",
+    "UnguardedTangentWarning",
     "__version__",
 ]

@@ -21,11 +21,12 @@ import jax
 
 from hlo_guard.collection import building_a_program, collection_paused
 from hlo_guard.errors import GuardUsageError
-from hlo_guard.jax_frontend.compat import (
-    never_differentiated,
-    public_nan_errors,
-    staged_into_a_jaxpr,
+from hlo_guard.jax_frontend.argument_tangents import (
+    constant_arguments,
+    untracked_arguments,
+    warn_untracked_tangents,
 )
+from hlo_guard.jax_frontend.compat import public_nan_errors, staged_into_a_jaxpr
 from hlo_guard.jax_frontend.interpreter import run_guarded
 from hlo_guard.jax_frontend.trace_cache import (
     DEFAULT_CACHE_BYTES,
@@ -33,7 +34,12 @@ from hlo_guard.jax_frontend.trace_cache import (
     TraceCache,
     arrays_held,
 )
-from hlo_guard.jax_frontend.tracing import normalize_static, signature_of, trace
+from hlo_guard.jax_frontend.tracing import (
+    leaf_descriptions,
+    normalize_static,
+    signature_of,
+    trace,
+)
 from hlo_guard.jax_frontend.value_mode import MODES
 
 JIT_KEYWORDS = frozenset(p for p in inspect.signature(jax.jit).parameters if p != "fun")
@@ -136,6 +142,7 @@ class GuardedFunction:
             self.fn, args, kwargs, self.static_argnums, self.static_argnames
         )
         constant = constant_arguments(leaves) if see_constants else ()
+        untracked = untracked_arguments(leaves, constant) if see_constants else ()
         key = (key, bool(staged), constant)
         program = self._cache.get(key)
         if program is None:
@@ -155,6 +162,11 @@ class GuardedFunction:
             # jaxpr's constants: such a trace is valid for this call only.
             if not any(isinstance(c, jax.core.Tracer) for c in program.closed_jaxpr.consts):
                 self._cache.put(key, program)
+        if untracked:
+            names = leaf_descriptions(
+                self.fn, args, kwargs, self.static_argnums, self.static_argnames
+            )
+            warn_untracked_tangents(program, untracked, names.__getitem__)
         return program, leaves
 
     def __call__(self, *args, **kwargs):
@@ -202,20 +214,6 @@ class GuardedFunction:
         mode = "" if self.mode == "gradient" else f", mode={self.mode!r}"
         aux = ", has_aux=True" if self.has_aux else ""
         return f"guard({getattr(self.fn, '__qualname__', self.fn)!r}{mode}{aux})"
-
-
-def constant_arguments(leaves) -> tuple[int, ...]:
-    """The leaves no transformation enclosing this call can differentiate
-    (:func:`~hlo_guard.jax_frontend.compat.never_differentiated`), when
-    others can: ``jax.jacfwd(guard(f))(x, k)`` differentiates ``x`` only.
-    Traced as constants, ``where(x > 1, x, k)`` is known to take ``k``'s
-    lanes with a zero tangent, and a ``sqrt`` after it gets its forward
-    guard.  Empty when every leaf is alike (a plain eager call, or every
-    leaf a tracer): the one program a signature shares."""
-    flags = [never_differentiated(leaf) for leaf in leaves]
-    if all(flags) or not any(flags):
-        return ()
-    return tuple(i for i, flag in enumerate(flags) if flag)
 
 
 _INSPECTING = threading.local()

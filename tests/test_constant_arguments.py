@@ -10,12 +10,15 @@ is now traced as a constant, as a closed-over array is.  The oracle is the
 hand double where, written with ``k`` as the constant it is.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from hlo_guard import explain, guard
+from hlo_guard.jax_frontend.argument_tangents import UnguardedTangentWarning
 from hlo_guard.jax_frontend.compat import never_differentiated
 
 X = jnp.array([0.5, 2.0, 3.0, 0.2], jnp.float32)
@@ -116,3 +119,46 @@ def test_value_mode_keeps_every_argument_an_argument():
     g = guard(lambda x, k: jnp.where(k > 0, jnp.sqrt(k), 0.0).sum() * x.sum(), mode="value")
     with jax.debug_nans(True):
         jax.grad(g)(X, K - 1.0)
+
+
+def test_a_jit_traced_argument_without_a_tangent_warns_where_guards_are_missing():
+    """Under ``jax.jit`` the argument ``jacfwd`` leaves out is a ``jit``
+    tracer, which a transformation around the ``jit`` may still
+    differentiate: it stays live, and the NaN this gives is announced (a
+    silent miss before), naming the argument and the ``sqrt``."""
+    g = guard(f)
+    with pytest.warns(UnguardedTangentWarning, match="argument 'k' of f.*sqrt at") as record:
+        out = jax.jit(jax.jacfwd(g))(X, K)
+    assert np.isnan(np.asarray(out)).any()
+    assert record[0].filename == __file__  # points at the user's call
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g: jax.jit(jax.grad(g))(X, K),  # reverse mode: k's lanes are not its concern
+        lambda g: jax.jit(jax.jacfwd(g, argnums=(0, 1)))(X, K),  # both differentiated
+        lambda g: jax.jacfwd(g)(X, K),  # k concrete: a constant, guarded
+    ],
+    ids=["jit grad", "jit jacfwd of both", "jacfwd eager"],
+)
+def test_no_warning_where_nothing_is_missing(call):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnguardedTangentWarning)
+        call(guard(f))
+
+
+def test_no_warning_when_the_untracked_argument_needs_no_guard():
+    g = guard(lambda x, k: jnp.sqrt(x * k + 1.0).sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnguardedTangentWarning)
+        jax.jit(jax.jacfwd(g))(X, K)
+
+
+def test_the_warning_is_given_once_per_trace():
+    g = guard(f)
+    with pytest.warns(UnguardedTangentWarning):
+        jax.jit(jax.jacfwd(g))(X, K)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnguardedTangentWarning)
+        jax.jit(jax.jacfwd(g))(X + 1.0, K)  # (a new jit trace, the same guard trace)

@@ -169,6 +169,35 @@ def never_differentiated(x) -> bool:
     return False  # pragma: no cover
 
 
+def under_forward_mode(x) -> bool | None:
+    """Whether ``x`` carries a forward-mode tangent at this call: a JVP's
+    tracer, perhaps inside a batching or linearize tracer (``jacfwd`` of a
+    ``vmap``, ``hessian``).  False for a concrete value or a jaxpr trace's
+    tracer reached without one; None for a tracer of another kind."""
+    import jax
+    from jax._src.interpreters import ad, batching, partial_eval
+
+    wrappers = {
+        getattr(batching, "BatchTracer", None): "val",
+        getattr(ad, "LinearizeTracer", None): "primal",
+    }
+    jvp = getattr(ad, "JVPTracer", None)
+    staging = getattr(partial_eval, "DynamicJaxprTracer", None)
+    for _ in range(256):
+        if not isinstance(x, jax.core.Tracer):
+            return False
+        kind = type(x)
+        if kind is jvp:
+            return True
+        if kind is staging:
+            return False
+        attr = wrappers.get(kind)
+        if attr is None:
+            return None
+        x = getattr(x, attr)
+    return None  # pragma: no cover
+
+
 def inline_jits_inline_here() -> bool:
     """Whether a ``jit(inline=True)`` bound now would be inlined into the
     jaxpr being traced (a plain jaxpr trace that is not one of ours keeping

@@ -99,6 +99,9 @@ class GuardPlan:
     #: node of :attr:`forward_unfollowed` -> (forward analyses, backward
     #: analysis) of the body in whose forward analyses its tangent's origins live
     forward_gap_contexts: dict[int, tuple] = field(default_factory=dict)
+    #: the patterns of arguments without a forward tangent already checked
+    #: for missing forward guards (:mod:`hlo_guard.jax_frontend.argument_tangents`)
+    untracked_checked: set[tuple[int, ...]] = field(default_factory=set)
     #: mode -> :meth:`rewritten_bodies`
     _rewritten: dict[str, frozenset[int]] = field(default_factory=dict, repr=False)
 

@@ -204,6 +204,19 @@ def signature_of(fn, args, kwargs, static_argnums, static_argnames):
     return key, leaves, avals, layout, static
 
 
+def leaf_descriptions(fn, args, kwargs, static_argnums, static_argnames) -> list[str]:
+    """The user's names of the traced leaves (:func:`signature_of`'s order),
+    for messages: "argument 'k' of f"."""
+    dyn, _ = split_arguments(args, kwargs, static_argnums, static_argnames)
+    dyn_positions = [i for i in range(len(args)) if i not in static_argnums]
+
+    def describe(path):
+        return describe_path(path, fn, dyn_positions)
+
+    traced, _ = split_leaves(*jax.tree_util.tree_flatten_with_path(dyn), describe=describe)
+    return [describe(path) for path, _ in traced]
+
+
 def spec_of(aval):
     """A ShapeDtypeStruct keeping what tracing depends on: the weak type
     (Python scalars promote differently), under explicit-axis meshes the
