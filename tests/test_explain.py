@@ -868,3 +868,41 @@ def test_a_finite_scale_after_an_unfollowed_output_is_not_reported(after):
 
     x = jnp.array([0.5, 1.5, 2.0, 3.0], jnp.float32)
     assert not [u for u in explain(f, x).unguarded if u.reason.startswith("forward mode")]
+
+
+@pytest.mark.parametrize("wrap", ["cond", "scan", "fori_loop"])
+def test_dead_lanes_inside_a_body_over_arguments_are_not_reported(wrap):
+    """A selection inside a body guards the body's uses of its operands;
+    its dead lanes are not followed back out of the body -- which matters
+    only where an operation before the body could turn their zero cotangent
+    non-finite.  Over the function's own arguments there is none: no report
+    (every cond or loop with a ``where`` inside was reported, found by the
+    clean-implies-exact fuzz), and the gradient is the double where's."""
+    inner = lambda v: jnp.where(v > 0, jnp.sqrt(v), 0.0)  # noqa: E731
+    oracle = lambda v: jnp.where(v > 0, jnp.sqrt(jnp.where(v > 0, v, 1.0)), 0.0)  # noqa: E731
+    run = {
+        "cond": lambda g, x: lax.cond(x[0] < 5.0, g, lambda v: v, x),
+        "scan": lambda g, x: lax.scan(lambda c, _: (c, g(c)), x, None, length=1)[1][0],
+        "fori_loop": lambda g, x: lax.fori_loop(0, 1, lambda i, c: g(x), jnp.zeros_like(x)),
+    }[wrap]
+    f = lambda x: run(inner, x).sum()  # noqa: E731
+    x = jnp.array([-1.0, 0.0, 1.0, 4.0], jnp.float32)
+    assert not explain(f, x).unguarded
+    np.testing.assert_allclose(
+        jax.grad(hlo_guard.guard(f))(x), jax.grad(lambda x: run(oracle, x).sum())(x)
+    )
+
+
+def test_dead_lanes_inside_a_body_with_a_singular_op_before_it_are_reported():
+    """``sqrt`` before the cond: the zero cotangent of the lanes the body's
+    ``where`` drops meets ``sqrt'(0)`` outside the body, where it is not
+    followed -- NaN, and reported on the cond."""
+
+    def f(x):
+        v = jnp.sqrt(x)
+        return lax.cond(x[0] < 5.0, lambda v: jnp.where(v > 0, v, 0.0), lambda v: v, v).sum()
+
+    x = jnp.array([1.0, 0.0, 1.0, 4.0], jnp.float32)
+    assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(f))(x))).any()
+    gaps = [u for u in explain(f, x).unguarded if u.op == "cond"]
+    assert gaps and "not followed back" in gaps[0].reason

@@ -313,10 +313,13 @@ class ControlFlow(JaxRule):
             else:
                 body_outs = [LIVE] * len(body.outvars)
             sub = analysis.analyze_sub(node, k, graph, body_outs)
+            operands = _body_operands(eqn)
             dead_inside = [
                 sub.value_liveness(v)
-                for v in body.invars
-                if not sub.value_liveness(v).is_live and sub.value_liveness(v).reaches_output
+                for v, operand in zip(body.invars, operands)
+                if not sub.value_liveness(v).is_live
+                and sub.value_liveness(v).reaches_output
+                and _hazard_before(analysis, operand)
             ]
             if dead_inside and not noted:
                 noted = True
@@ -495,6 +498,59 @@ class ControlFlow(JaxRule):
                     (context, sub),
                 )
         return None
+
+
+def _body_operands(eqn) -> list:
+    """The equation's operands bound to its (differentiable) body's inputs,
+    in order."""
+    name = eqn.primitive.name
+    if name == "cond":
+        return list(eqn.invars[1:])
+    if name == "while":
+        return list(eqn.invars[eqn.params["cond_nconsts"] :])
+    return list(eqn.invars)  # scan, shard_map
+
+
+def _hazard_before(analysis, operand) -> bool:
+    """Whether a zero cotangent handed back through ``operand`` could meet
+    a possibly infinite derivative before the body: an operation behind it
+    whose rule guards an input, or an input of a nested body (its caller's
+    operations lie beyond).  The arguments of the guarded function and
+    values behind only linear operations have nothing to protect, so dead
+    lanes not followed back to them need no report."""
+    graph = analysis.graph
+    nested = bool(graph.scope)
+    stack, seen = [operand], set()
+    while stack:
+        v = stack.pop()
+        if is_literal(v) or v in seen or not graph.carries_derivative(v):
+            continue
+        seen.add(v)
+        found = graph.producer(v)
+        if found is None:
+            if nested and v not in graph.constants():
+                return True
+            continue
+        node = found[0]
+        eqn = graph.eqns[node]
+        rule = analysis.rules.get(eqn.primitive.name)
+        if rule is None or any(body_is_risky(b) for b in _sub_jaxprs(eqn)):
+            return True
+        if any(rule.guards_input(analysis, node, i) for i in range(len(eqn.invars))):
+            return True
+        stack.extend(graph.node_inputs(node))
+    return False
+
+
+def _sub_jaxprs(eqn) -> list:
+    """The jaxprs an equation holds (a call's, a control-flow op's bodies)."""
+    found = []
+    for param in eqn.params.values():
+        for p in param if isinstance(param, (tuple, list)) else (param,):
+            inner = getattr(p, "jaxpr", p)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
 
 
 def _scan_dead_lanes_lost(sub, body, outs, eqn):
