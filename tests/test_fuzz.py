@@ -28,11 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fuzzlib.checks import check_forward_mode, check_program
+from fuzzlib.checks import check_clean_implies_exact, check_forward_mode, check_program
 from fuzzlib.program import (
+    BODY_KINDS,
     IDENTITY,
     SCALAR_KINDS,
     Binary,
+    Body,
     Clip,
     Const,
     Gather,
@@ -45,7 +47,7 @@ from fuzzlib.program import (
     Unary,
     Where,
 )
-from fuzzlib.strategies import input_vectors, programs, scalar_inputs
+from fuzzlib.strategies import input_vectors, programs, programs_in_bodies, scalar_inputs
 from hypothesis import HealthCheck, given, seed, settings
 
 EXAMPLES = int(os.environ.get("HLO_GUARD_FUZZ_EXAMPLES", "60"))
@@ -92,6 +94,18 @@ def test_guarded_jit_program_matches_lane_oracle(root, x, y, s):
 )
 def test_guarded_program_forward_mode_matches_lane_oracle(root, x, y, s):
     check_forward_mode(root, x, y, s)
+
+
+@_seeded
+@settings(FUZZ_SETTINGS, max_examples=max(1, EXAMPLES // 4))
+@given(root=programs_in_bodies(), x=input_vectors(), y=input_vectors(), s=scalar_inputs())
+def test_programs_in_bodies_clean_report_implies_exact(root, x, y, s):
+    """Nodes computed inside ``cond``/``scan``/``fori``/``while``/``jit``/
+    ``checkpoint`` bodies: the values are the same, so the per-lane oracle
+    holds; in each mode whose ``explain`` report is clean the derivative is
+    the oracle's.  (Reverse mode through control-flow boundaries is partly
+    reported rather than exact: a report, never a silent NaN.)"""
+    check_clean_implies_exact(root, x, y, s)
 
 
 # -- the checks themselves can fail -----------------------------------------------------
@@ -183,3 +197,18 @@ def test_checks_catch_a_guard_that_hides_genuine_singularities():
     check_program(root, X, Y, jit=True)
     with pytest.raises(AssertionError):
         check_program(root, X, Y, jit=False, guard=_strong_zero)
+
+
+@pytest.mark.parametrize("kind", BODY_KINDS)
+def test_a_selection_inside_a_body_is_clean_and_exact(kind):
+    """The clean-implies-exact check cannot pass vacuously: a ``where`` over
+    the arguments inside any body is guarded there with nothing to report
+    (its operands are the function's arguments: no operation before the body
+    to follow dead lanes back to), and it leaks without the guard."""
+    root = Body(kind, LEAKING["where-sqrt"])
+    assert check_clean_implies_exact(root, X, Y) == (
+        "forward" if kind == "while" else "reverse and forward"
+    )
+    if kind != "while":
+        with pytest.raises(AssertionError, match="oracle"):
+            check_program(root, X, Y, jit=False, guard=lambda f: f)

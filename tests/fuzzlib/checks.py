@@ -20,7 +20,7 @@ from hypothesis import event
 
 import hlo_guard
 from fuzzlib import oracle, vectorized
-from fuzzlib.program import to_source, uses_scalar
+from fuzzlib.program import Body, nodes_of, to_source, uses_scalar
 
 RTOL = 2e-5
 ATOL = 1e-6
@@ -206,5 +206,49 @@ def check_forward_mode(root, x, y, s=None, *, guard=None):
         assert_grads_match(fy, oy, "jacfwd wrt y")
         if fs:
             assert_scalar_grad_matches(fs[0], os_, "jacfwd wrt s")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe(root, x, y, s)}") from None
+
+
+def unguarded_reports(plain, args) -> tuple[bool, bool]:
+    """(reverse mode reported, forward mode reported): whether ``explain``
+    names an unguarded site for each mode (its forward-mode sites say
+    "forward mode"; any other site may concern either mode)."""
+    report = hlo_guard.explain(plain, *args)
+    forward = [u for u in report.unguarded if u.reason.startswith("forward mode")]
+    reverse = [u for u in report.unguarded if not u.reason.startswith("forward mode")]
+    return bool(reverse), bool(reverse or forward)
+
+
+def check_clean_implies_exact(root, x, y, s=None) -> str:
+    """A program with bodies (:class:`fuzzlib.program.Body`): forward values
+    bitwise the plain program's; and in each mode whose report is clean --
+    ``explain`` names no unguarded site -- the derivative is the oracle's,
+    eager ``jax.grad`` and ``jax.jacfwd`` (a report may say what it cannot
+    guard, never stay silent about a NaN).  Returns which modes were
+    compared, for the statistics."""
+    try:
+        plain = vectorized.as_function(root)
+        args = vectorized.arguments(root, x, y, s)
+        guarded = hlo_guard.guard(plain)
+        assert_bitwise_equal(guarded(*args), plain(*args), "eager forward")
+        reverse_reported, forward_reported = unguarded_reports(plain, args)
+        compared = []
+        # (JAX cannot reverse-differentiate a while loop)
+        reversible = not any(isinstance(n, Body) and n.kind == "while" for n in nodes_of(root))
+        if reversible and not reverse_reported:
+            _, ox, oy, os_ = oracle.value_and_grad(root, x, y, s)
+            argnums = tuple(range(len(args)))
+            gx, gy, *gs = jax.grad(loss_of(guarded), argnums=argnums)(*args)
+            assert_grads_match(gx, ox, "grad wrt x (the report is clean)")
+            assert_grads_match(gy, oy, "grad wrt y (the report is clean)")
+            if gs:
+                assert_scalar_grad_matches(gs[0], os_, "grad wrt s (the report is clean)")
+            compared.append("reverse")
+        if not forward_reported:
+            check_forward_mode(root, x, y, s)
+            compared.append("forward")
+        _note("compared: " + (" and ".join(compared) or "neither (reported)"))
+        return " and ".join(compared)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{describe(root, x, y, s)}") from None

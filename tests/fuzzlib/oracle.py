@@ -50,6 +50,7 @@ from fuzzlib.program import (
     BINARY,
     UNARY,
     Binary,
+    Body,
     Clip,
     Concat,
     Const,
@@ -132,7 +133,7 @@ class LaneEvaluator:
             return self.env["s"][(id(node), i)]
         if isinstance(node, Unary):
             return UNARY[node.op](lane(node.a, i))
-        if isinstance(node, Identity):
+        if isinstance(node, (Identity, Body)):
             return lane(node.a, i)
         if isinstance(node, Binary):
             a, b = lane(node.a, i), lane(node.b, i)

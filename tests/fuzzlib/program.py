@@ -115,6 +115,20 @@ SCALAR_DTYPES = {
 }
 
 
+#: the body kinds as source, ``env`` the inputs' dict (``{}`` the subtree)
+BODY_SOURCE = {
+    "cond": "lax.cond(env['x'][0] == env['x'][0], f, f, env)  # f = lambda env: {}",
+    "scan ys": "lax.scan(lambda c, _: (c, f(c)), env, None, length=1)[1][0]  # f: {}",
+    "scan carry": "lax.scan(lambda c, _: ((c[0], f(c[0])), None), (env, zeros), None, "
+    "length=1)[0][1]  # f: {}",
+    "fori": "lax.fori_loop(0, 1, lambda i, acc: f(env), zeros)  # f: {}",
+    "while": "lax.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, f(env)), (0, zeros))[1]"
+    "  # f: {}",
+    "jit": "jax.jit(f)(env)  # f: {}",
+    "checkpoint": "jax.checkpoint(f)(env)  # f: {}",
+}
+
+
 def _py_float(v: float) -> str:
     return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
 
@@ -192,6 +206,28 @@ class Identity:
     """A call that hands its input straight back (``op`` in IDENTITY)."""
 
     op: str
+    a: Node
+
+    @property
+    def length(self):
+        return self.a.length
+
+
+#: Control-flow and call bodies a subtree can be evaluated in, each computing
+#: the same values as the subtree (so the per-lane oracle holds unchanged):
+#: a ``cond`` whose branches are the same body, a one-iteration ``scan`` (the
+#: value as its ``ys``, or as a carry), a ``fori_loop``/``while_loop``
+#: writing it into a carry started from zeros, a ``jit``, a ``checkpoint``.
+BODY_KINDS = ("cond", "scan ys", "scan carry", "fori", "while", "jit", "checkpoint")
+
+
+@dataclass(frozen=True)
+class Body:
+    """The subtree ``a`` computed inside a body of kind ``kind``
+    (:data:`BODY_KINDS`), the inputs passed in as operands (``fori``/``while``:
+    closed over)."""
+
+    kind: str
     a: Node
 
     @property
@@ -299,6 +335,7 @@ Node = (
     | Scalar
     | Unary
     | Identity
+    | Body
     | Binary
     | Where
     | Clip
@@ -343,6 +380,8 @@ def to_source(node) -> str:
         return f"{node.op}({to_source(node.a)})"
     if isinstance(node, Identity):
         return IDENTITY_SOURCE[node.op].format(to_source(node.a))
+    if isinstance(node, Body):
+        return BODY_SOURCE[node.kind].format(to_source(node.a))
     if isinstance(node, Binary):
         return f"{node.op}({to_source(node.a)}, {to_source(node.b)})"
     if isinstance(node, Where):

@@ -9,6 +9,7 @@ included) with every kind of selection and lane-dropping operation.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from fuzzlib.program import (
     BINARY,
+    BODY_KINDS,
     COMPARE,
     IDENTITY,
     REDUCE,
@@ -24,6 +26,7 @@ from fuzzlib.program import (
     SCALAR_KINDS,
     UNARY,
     Binary,
+    Body,
     Clip,
     Concat,
     Const,
@@ -31,6 +34,7 @@ from fuzzlib.program import (
     Identity,
     Leaf,
     N,
+    Node,
     Reduce,
     Scalar,
     ScalarInput,
@@ -38,6 +42,7 @@ from fuzzlib.program import (
     Slice,
     Unary,
     Where,
+    nodes_of,
 )
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -218,6 +223,35 @@ def _node(draw, n, depth, unary, identity, scalar):
         blen = len(idx) if draw(st.booleans()) else 1
         return SetAt(sub(n), idx, sub(blen))
     raise AssertionError(kind)
+
+
+@st.composite
+def programs_in_bodies(draw, max_depth=3):
+    """A program (:func:`programs`, with extras) with one to two of its
+    nodes computed inside a control-flow or call body
+    (:class:`fuzzlib.program.Body`): the subtree a body holds, and the rest
+    of the program around it, meet the body's boundary -- where forward
+    mode's tangent masks and reverse mode's dead lanes cross it."""
+    root = draw(programs(max_depth=max_depth, extras=True))
+    for _ in range(draw(st.integers(1, 2))):
+        root = _wrap_one(draw, root, draw(st.sampled_from(BODY_KINDS)))
+    return root
+
+
+def _wrap_one(draw, root, kind):
+    """``root`` with one of its nodes (drawn uniformly) wrapped in a body."""
+    targets = [n for n in nodes_of(root) if not isinstance(n, (Leaf, Const, Scalar))] or [root]
+    target = draw(st.sampled_from(range(len(targets))))
+    return _replace(root, targets[target], Body(kind, targets[target]))
+
+
+def _replace(node, old, new):
+    if node is old:
+        return new
+    changes = {
+        k: _replace(v, old, new) for k, v in vars(node).items() if isinstance(v, Node.__args__)
+    }
+    return dataclasses.replace(node, **changes) if changes else node
 
 
 @st.composite

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from fuzzlib.program import (
     BINARY,
@@ -17,6 +18,7 @@ from fuzzlib.program import (
     IDENTITY,
     UNARY,
     Binary,
+    Body,
     Clip,
     Concat,
     Const,
@@ -58,6 +60,12 @@ def evaluate(node, env, decisions=None):
         return UNARY[node.op](ev(node.a))
     if isinstance(node, Identity):
         return IDENTITY[node.op](ev(node.a))
+    if isinstance(node, Body):
+        if decisions is not None:
+            # what the selections compare, as plain eager values (a value
+            # traced in a body cannot leave it)
+            return ev(node.a)
+        return in_body(node.kind, lambda e: evaluate(node.a, e), env, node.length)
     if isinstance(node, Binary):
         a, b = ev(node.a), ev(node.b)
         if node.op == "maximum":
@@ -88,6 +96,28 @@ def evaluate(node, env, decisions=None):
     if isinstance(node, SetAt):
         return ev(node.a).at[jnp.array(node.idx)].set(ev(node.b))
     raise TypeError(type(node).__name__)
+
+
+def in_body(kind: str, f, env: dict, n: int):
+    """``f(env)`` computed inside a body of kind ``kind``
+    (:data:`fuzzlib.program.BODY_KINDS`): the same values, in a ``cond``,
+    a loop, a ``jit`` or a ``checkpoint``."""
+    zeros = jnp.zeros((n,), env["x"].dtype)
+    if kind == "cond":
+        return lax.cond(env["x"][0] == env["x"][0], f, f, env)
+    if kind == "scan ys":
+        return lax.scan(lambda c, _: (c, f(c)), env, None, length=1)[1][0]
+    if kind == "scan carry":
+        return lax.scan(lambda c, _: ((c[0], f(c[0])), None), (env, zeros), None, length=1)[0][1]
+    if kind == "fori":
+        return lax.fori_loop(0, 1, lambda i, acc: f(env), zeros)
+    if kind == "while":
+        return lax.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, f(env)), (0, zeros))[1]
+    if kind == "jit":
+        return jax.jit(f)(env)
+    if kind == "checkpoint":
+        return jax.checkpoint(f)(env)
+    raise ValueError(kind)
 
 
 def arguments(root, x, y, s=None) -> tuple:
