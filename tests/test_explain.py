@@ -906,3 +906,18 @@ def test_dead_lanes_inside_a_body_with_a_singular_op_before_it_are_reported():
     assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(f))(x))).any()
     gaps = [u for u in explain(f, x).unguarded if u.op == "cond"]
     assert gaps and "not followed back" in gaps[0].reason
+
+
+def test_dead_lanes_inside_a_body_in_a_helper_follow_the_helper_to_its_caller():
+    """A cond inside a ``checkpoint`` helper: its operand is the helper's
+    input, which the caller binds to the function's argument -- nothing to
+    protect (followed through the helper's link to its caller); a ``sqrt``
+    of the argument passed in instead keeps the report."""
+
+    def body(v):
+        return lax.cond(v[0] < 5.0, lambda u: jnp.where(u > 0, u, 0.0), lambda u: u, v)
+
+    x = jnp.array([1.0, 0.0, 1.0, 4.0], jnp.float32)
+    assert not explain(lambda x: jax.checkpoint(body)(x).sum(), x).unguarded
+    reported = explain(lambda x: jax.checkpoint(body)(jnp.sqrt(x)).sum(), x).unguarded
+    assert [u.op for u in reported] == ["cond"]

@@ -514,31 +514,34 @@ def _body_operands(eqn) -> list:
 def _hazard_before(analysis, operand) -> bool:
     """Whether a zero cotangent handed back through ``operand`` could meet
     a possibly infinite derivative before the body: an operation behind it
-    whose rule guards an input, or an input of a nested body (its caller's
-    operations lie beyond).  The arguments of the guarded function and
-    values behind only linear operations have nothing to protect, so dead
-    lanes not followed back to them need no report."""
-    graph = analysis.graph
-    nested = bool(graph.scope)
-    stack, seen = [operand], set()
+    whose rule guards an input (in this graph, or -- through a call body's
+    link to its caller -- in the graphs around it), a risky body, an op
+    without a rule, or an input of a body whose caller is not linked (a loop
+    body: its carries come from the last iteration).  The guarded
+    function's own arguments, and values behind only linear operations on
+    them, have nothing to protect: dead lanes not followed back to them
+    need no report."""
+    stack, seen = [(analysis.graph, operand)], set()
     while stack:
-        v = stack.pop()
-        if is_literal(v) or v in seen or not graph.carries_derivative(v):
+        graph, v = stack.pop()
+        if is_literal(v) or (id(graph), v) in seen or not graph.carries_derivative(v):
             continue
-        seen.add(v)
+        seen.add((id(graph), v))
         found = graph.producer(v)
         if found is None:
-            if nested and v not in graph.constants():
+            outer = graph.caller_argument(v)
+            if outer is not None:
+                stack.append(outer)
+            elif graph.scope:  # a body's input from a caller not linked
                 return True
             continue
-        node = found[0]
-        eqn = graph.eqns[node]
+        eqn = graph.eqns[found[0]]
         rule = analysis.rules.get(eqn.primitive.name)
         if rule is None or any(body_is_risky(b) for b in _sub_jaxprs(eqn)):
             return True
-        if any(rule.guards_input(analysis, node, i) for i in range(len(eqn.invars))):
+        if rule.guards and any(not is_literal(a) and is_inexact_aval(a.aval) for a in eqn.invars):
             return True
-        stack.extend(graph.node_inputs(node))
+        stack.extend((graph, a) for a in eqn.invars)
     return False
 
 
