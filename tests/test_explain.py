@@ -709,7 +709,6 @@ def test_a_contraction_with_a_constant_kernel_is_explained():
 #: a partly zero tangent coming *out of* an operation whose output tangents
 #: forward mode takes as live, into a ``sqrt``: (f, the reported op)
 TANGENT_TAKEN_AS_LIVE = {
-    "sort": (lambda x: jnp.sqrt(jnp.sort(_positive_part(x))).sum(), "sqrt"),
     "fori_loop output": (
         lambda x: jnp.sqrt(lax.fori_loop(0, 3, lambda i, v: v * 0.5, _positive_part(x))).sum(),
         "sqrt",
@@ -718,17 +717,23 @@ TANGENT_TAKEN_AS_LIVE = {
         lambda x: jnp.sqrt(lax.scan(lambda c, e: (c, 2.0 * e), 0.0, _positive_part(x))[1]).sum(),
         "sqrt",
     ),
-    "sort inside a jit helper": (
-        lambda x: jax.jit(lambda v: jnp.sqrt(jnp.sort(v)))(_positive_part(x)).sum(),
+    "a loop inside a jit helper": (
+        lambda x: jax.jit(lambda v: jnp.sqrt(_through_a_loop(v)))(_positive_part(x)).sum(),
         "jit(<lambda>)",
     ),
 }
 
 
+def _through_a_loop(v):
+    """``v`` handed through a loop, whose output tangents forward mode takes
+    as live (a taint, :mod:`passes.tangent_gaps`)."""
+    return lax.fori_loop(0, 2, lambda i, c: c * 1.0, v)
+
+
 @pytest.mark.parametrize("case", sorted(TANGENT_TAKEN_AS_LIVE))
 def test_a_zero_tangent_through_an_unfollowed_output_is_reported(case):
     """Found by a user-style hunt: forward mode takes the outputs of
-    ``sort`` and loops (and a helper holding them) as live, so the ``sqrt``
+    loops (and a helper holding them) as live, so the ``sqrt``
     after them got no guard -- and the report was empty while ``jacfwd``
     was NaN.  The zero lanes are followed as a taint (``passes.tangent_gaps``,
     as the TF front end does) to the singular operation they reach, which is
@@ -747,15 +752,74 @@ def test_a_live_tangent_through_a_sort_is_not_reported():
     assert not explain(lambda x: jnp.sqrt(jnp.sort(x * x + 1.0)).sum(), x).unguarded
 
 
-def test_a_zero_coming_back_around_a_loop_through_a_sort_is_reported():
-    """The carry's tangent comes back through a ``sort`` (taken as live), so
-    the next iteration's ``sqrt`` of the carry meets zero lanes no guard
-    knows of: reported on the ``sqrt`` (the carry is seeded with the taint
-    of the value the body hands back)."""
+SORTED_ZEROS = {
+    "sort": lambda x: jnp.sqrt(jnp.sort(_positive_part(x))),
+    "sort along an axis": lambda x: jnp.sqrt(jnp.sort(_positive_part(x).reshape(2, 2), axis=0)),
+    "sort_key_val": lambda x: jnp.sqrt(lax.sort_key_val(-x, _positive_part(x))[1]),
+    "argsort and take": lambda x: jnp.sqrt(_positive_part(x)[jnp.argsort(x)]),
+    "in a jit helper": lambda x: jax.jit(lambda v: jnp.sqrt(jnp.sort(v)))(_positive_part(x)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SORTED_ZEROS))
+def test_zeros_through_a_sort_are_guarded_in_forward_mode(case):
+    """A partly zero tangent through ``sort`` into ``sqrt`` (taken as live
+    and reported before): its mask is permuted as the tangent is, so the
+    ``sqrt`` gets its forward guard.  Oracle: per lane, ``sqrt`` of a lane
+    holding a structural zero contributes nothing (the double where)."""
+    f = SORTED_ZEROS[case]
+    x = jnp.array([-1.0, 0.0, 1.0, 4.0], jnp.float32)
+    # the same program on the positive part written as the double where would
+    # be: zero lanes carry no tangent into the sqrt
+    pos = x > 0
+    oracle = jnp.diag(jnp.where(pos, 0.5 / jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0))
+    got = jax.jacfwd(lambda x: f(x).reshape(-1).sum())(x)
+    assert np.isnan(np.asarray(got)).any()  # plain JAX
+    g = hlo_guard.guard(lambda x: f(x).reshape(-1).sum())
+    np.testing.assert_allclose(jax.jacfwd(g)(x), oracle.sum(axis=0))
+    np.testing.assert_allclose(jax.grad(g)(x), oracle.sum(axis=0))
+    np.testing.assert_allclose(jax.jit(jax.jacfwd(g))(x), oracle.sum(axis=0))
+    assert not [u for u in explain(g, x).unguarded if u.reason.startswith("forward mode")]
+
+
+def test_zeros_coming_back_around_a_loop_through_a_sort_are_guarded():
+    """The carry's tangent comes back through a ``sort``: its mask travels
+    with the carry, permuted, so the next iteration's ``sqrt`` is guarded
+    (it was NaN and reported).  Oracle: the double where written in the
+    same scan, carrying the mask through the same sort."""
 
     def f(x):
         def step(c, _):
             return jnp.sort(jnp.where(c > 1.0, c, 0.0)), jnp.sqrt(c)
+
+        return lax.scan(step, x, None, length=2)[1].sum()
+
+    def oracle(x):
+        def step(carry, _):
+            c, m = carry
+            keep = m & (c > 1.0)
+            c2, m2 = lax.sort_key_val(jnp.where(c > 1.0, c, lax.stop_gradient(c) * 0.0), keep)
+            y = jnp.where(m, jnp.sqrt(jnp.where(m, c, 1.0)), jnp.sqrt(lax.stop_gradient(c)))
+            return (c2, m2), y
+
+        return lax.scan(step, (x, jnp.ones(x.shape, bool)), None, length=2)[1].sum()
+
+    x = jnp.array([0.5, 2.0, 3.0], jnp.float32)
+    want = jax.jacfwd(oracle)(x)
+    assert np.isfinite(np.asarray(want)).all()
+    np.testing.assert_allclose(jax.jacfwd(hlo_guard.guard(f))(x), want, rtol=1e-6)
+    assert not [u for u in explain(f, x).unguarded if u.reason.startswith("forward mode")]
+
+
+def test_a_zero_coming_back_around_a_loop_through_an_inner_loop_is_reported():
+    """The carry's tangent comes back through an inner loop (its output
+    taken as live), so the next iteration's ``sqrt`` of the carry meets
+    zero lanes no guard knows of: reported on the ``sqrt`` (the carry is
+    seeded with the taint of the value the body hands back)."""
+
+    def f(x):
+        def step(c, _):
+            return _through_a_loop(jnp.where(c > 1.0, c, 0.0)), jnp.sqrt(c)
 
         return lax.scan(step, x, None, length=2)[1].sum()
 
@@ -766,23 +830,26 @@ def test_a_zero_coming_back_around_a_loop_through_a_sort_is_reported():
     assert "around the loop" in gaps[0].reason
 
 
-#: a tangent taken as live (out of a ``sort``, a loop) entering a branch or
+#: a tangent taken as live (out of a loop) entering a branch or
 #: loop body whose ``sqrt`` reads it: (f, the reported op)
 TAINT_ENTERING_A_BODY = {
     "cond branch": lambda x: lax.cond(
-        x[0] < 0, jnp.sqrt, lambda v: v * 2.0, jnp.sort(_positive_part(x))
+        x[0] < 0, jnp.sqrt, lambda v: v * 2.0, _through_a_loop(_positive_part(x))
     ).sum(),
     "cond branch mixing lanes": lambda x: lax.cond(
-        x[0] < 0, lambda v: jnp.sqrt(v) + v.mean(), lambda v: v * 2.0, jnp.sort(_positive_part(x))
+        x[0] < 0,
+        lambda v: jnp.sqrt(v) + v.mean(),
+        lambda v: v * 2.0,
+        _through_a_loop(_positive_part(x)),
     ).sum(),
     "scan xs": lambda x: lax.scan(
-        lambda c, e: (c + jnp.sqrt(e), None), 0.0, jnp.sort(_positive_part(x))
+        lambda c, e: (c + jnp.sqrt(e), None), 0.0, _through_a_loop(_positive_part(x))
     )[0],
     "scan carry": lambda x: lax.scan(
-        lambda c, _: (jnp.sqrt(c) + 1.0, None), jnp.sort(_positive_part(x)), None, length=2
+        lambda c, _: (jnp.sqrt(c) + 1.0, None), _through_a_loop(_positive_part(x)), None, length=2
     )[0].sum(),
     "fori_loop carry": lambda x: lax.fori_loop(
-        0, 2, lambda i, c: jnp.sqrt(c) + 1.0, jnp.sort(_positive_part(x))
+        0, 2, lambda i, c: jnp.sqrt(c) + 1.0, _through_a_loop(_positive_part(x))
     ).sum(),
     "a loop's output into a cond": lambda x: lax.cond(
         x[0] < 0,
@@ -792,7 +859,7 @@ TAINT_ENTERING_A_BODY = {
     ).sum(),
     "jit holding a cond": lambda x: jax.jit(
         lambda v: lax.cond(v[0] >= 0, jnp.sqrt, lambda u: u, v)
-    )(jnp.sort(_positive_part(x))).sum(),
+    )(_through_a_loop(_positive_part(x))).sum(),
 }
 
 
@@ -844,7 +911,7 @@ def test_a_taint_entering_a_safe_body_is_not_reported(body):
     a value the taint does not reach, has nothing to report."""
 
     def f(x):
-        v, w = jnp.sort(_positive_part(x)), x * x + 1.0
+        v, w = _through_a_loop(_positive_part(x)), x * x + 1.0
         return lax.cond(x[0] < 0, body, lambda v, w: v + w, v, w).sum()
 
     x = jnp.array([-1.0, -2.0, 1.0, 4.0], jnp.float32)

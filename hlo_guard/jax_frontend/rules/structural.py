@@ -753,6 +753,7 @@ def register(table):
     table.register("dot_general", DotGeneral())
     table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))
     table.register("fft", MixingLinear())
-    table.register(
-        "sort", Conservative("sort permutes lanes by value; its inputs are kept fully live")
-    )
+    # a permutation by value, the same for every operand: its masks are the
+    # operands' (or the outputs') permuted as its JVP (VJP) at the actual,
+    # gradient-stopped operands permutes them, like top_k's; no lane dropped
+    table.register("sort", Structural(value_dependent=True))
