@@ -21,6 +21,7 @@ import jax
 
 from hlo_guard.collection import building_a_program, collection_paused
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.jax_frontend.argument_state import write_back
 from hlo_guard.jax_frontend.argument_tangents import (
     constant_arguments,
     untracked_arguments,
@@ -38,6 +39,7 @@ from hlo_guard.jax_frontend.tracing import (
     leaf_descriptions,
     normalize_static,
     signature_of,
+    split_arguments,
     trace,
 )
 from hlo_guard.jax_frontend.value_mode import MODES
@@ -176,6 +178,11 @@ class GuardedFunction:
             outs = run_guarded(
                 program.analysis, program.closed_jaxpr.consts, leaves, mode=self.mode
             )
+        n_state = len(program.updated_leaves)
+        if n_state:
+            outs, state = outs[: len(outs) - n_state], outs[len(outs) - n_state :]
+            dyn, _ = split_arguments(args, kwargs, self.static_argnums, self.static_argnames)
+            write_back(dyn, leaves, program.updated_leaves, state)
         return jax.tree_util.tree_unflatten(program.out_tree, outs)
 
     def __get__(self, obj, objtype=None):

@@ -128,3 +128,77 @@ def test_linen_conv_over_a_closed_over_padded_batch_matches_double_where():
     want = jax.grad(lambda p: loss(p, True))(params)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class _StatefulNet(nnx.Module):
+    """Dropout (an RngCount it advances) and BatchNorm (running statistics
+    it writes) in train mode: state a call writes into the module."""
+
+    def __init__(self, rngs):
+        self.lin = nnx.Linear(3, 4, rngs=rngs)
+        self.bn = nnx.BatchNorm(4, rngs=rngs)
+        self.do = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.do(self.bn(self.lin(x)))
+
+
+def _stateful_loss(model, x, double_where=False):
+    y = model(x)
+    keep = x[:, :1] > 0
+    inner = jnp.where(keep, jnp.abs(y), 1.0) if double_where else jnp.abs(y)
+    return jnp.sum(jnp.where(keep, jnp.sqrt(inner), 0.0))
+
+
+def _state(model):
+    def raw(v):
+        return jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key) else v
+
+    return [np.asarray(raw(v)) for v in jax.tree_util.tree_leaves(nnx.state(model))]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        lambda loss, m: nnx.value_and_grad(loss)(m, X),
+        lambda loss, m: (loss(m, X), None),
+        lambda loss, m: nnx.jit(lambda m: nnx.value_and_grad(loss)(m, X))(m),
+    ],
+    ids=["nnx.value_and_grad", "eager call", "nnx.jit of nnx.value_and_grad"],
+)
+def test_state_a_call_writes_into_an_nnx_module_is_kept(step):
+    """Found by a user-style hunt: the guard traced the loss on a copy of
+    the module, so the dropout RngCount and BatchNorm statistics it wrote
+    were lost -- every step repeated the first dropout mask and the running
+    mean stayed 0, with no error.  The replaced variables are now returned
+    from the traced program and written back into the caller's variables:
+    three steps give the plain loss's values and state exactly."""
+    plain, guarded = _StatefulNet(nnx.Rngs(0, dropout=1)), _StatefulNet(nnx.Rngs(0, dropout=1))
+    for _ in range(3):
+        want, _ = step(_stateful_loss, plain)
+        got, _ = step(hg.guard(_stateful_loss), guarded)
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    for a, b in zip(_state(guarded), _state(plain)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_gradients_of_a_stateful_module_match_the_double_where():
+    plain, guarded = _StatefulNet(nnx.Rngs(0, dropout=1)), _StatefulNet(nnx.Rngs(0, dropout=1))
+    oracle = lambda m, x: _stateful_loss(m, x, double_where=True)  # noqa: E731
+    for _ in range(2):
+        _, want = nnx.value_and_grad(oracle)(plain, X)
+        _, got = nnx.value_and_grad(hg.guard(_stateful_loss))(guarded, X)
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_an_assignment_into_a_plain_container_argument_is_refused():
+    """Only NNX variables have an object to write back to; an assignment
+    into a dict the function was passed would be lost: a clear error."""
+
+    def f(params, x):
+        params["seen"] = x * 2.0
+        return jnp.sum(jnp.sqrt(jnp.where(x > 0, x, 0.0)) * params["w"])
+
+    with pytest.raises(hg.GuardUsageError, match="not a Flax NNX Variable"):
+        hg.guard(f)({"w": jnp.ones(3), "seen": jnp.zeros(3)}, jnp.ones(3))

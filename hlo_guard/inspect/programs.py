@@ -133,7 +133,8 @@ class Programs:
         return [i for i, x in enumerate(self.leaves) if is_inexact_aval(jax.typeof(x))]
 
     def diff_output_indices(self) -> list[int]:
-        outs = self.program.closed_jaxpr.out_avals
+        # (not the state written back into the arguments, the last outputs)
+        outs = self.program.closed_jaxpr.out_avals[: self.program.out_tree.num_leaves]
         return [j for j, a in enumerate(outs) if is_inexact_aval(a)]
 
     def grad_program(self, which: str) -> Callable:

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from hlo_guard.errors import GuardUsageError
+from hlo_guard.jax_frontend.argument_state import replaced_leaves
 from hlo_guard.jax_frontend.compat import attach_debug_info, keep_inline_jits_of_current_trace
 from hlo_guard.jax_frontend.graph import JaxprGraph
 from hlo_guard.jax_frontend.leaf_layout import LeafLayout, split_leaves
@@ -34,6 +35,9 @@ class TracedProgram:
     #: ``layout.unflatten``; ``in_tree`` is the structure of the traced ones
     layout: LeafLayout
     out_tree: Any
+    #: traced leaves the function replaced in its arguments (NNX state): their
+    #: new values are the jaxpr's last outputs (:mod:`argument_state`)
+    updated_leaves: tuple[int, ...] = ()
 
     @property
     def in_tree(self) -> Any:
@@ -267,15 +271,21 @@ def trace(
     wrapper.  ``constant_leaves``: leaves no enclosing transformation
     differentiates, analysed as constants (no derivative)."""
     out_tree_box = []
+    updated_box = []
 
     def flat_fn(*leaves):
-        args, kwargs = merge_arguments(layout.unflatten(leaves), static, n_args)
+        dyn = layout.unflatten(leaves)
+        args, kwargs = merge_arguments(dyn, static, n_args)
         keep = keep_inline_jits_of_current_trace() if keep_inline_jits else nullcontext()
         with keep:
             out = fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_box.append(out_tree)
-        return out_leaves
+        # state written into the arguments (NNX variables): extra outputs,
+        # not differentiated
+        updated = replaced_leaves(dyn, leaves, layout)
+        updated_box.append(tuple(k for k, _ in updated))
+        return out_leaves + [jax.lax.stop_gradient(v) for _, v in updated]
 
     specs = [spec_of(a) for a in avals]
     # JAX names the flat function's arguments from these: the traced leaves
@@ -296,4 +306,4 @@ def trace(
     ]
     constant += [closed.jaxpr.invars[i] for i in constant_leaves]
     analysis = analyze(JaxprGraph(closed.jaxpr, constant_inputs=constant), RULES)
-    return TracedProgram(closed, analysis, layout, out_tree_box[-1])
+    return TracedProgram(closed, analysis, layout, out_tree_box[-1], updated_box[-1])
