@@ -988,3 +988,56 @@ def test_dead_lanes_inside_a_body_in_a_helper_follow_the_helper_to_its_caller():
     assert not explain(lambda x: jax.checkpoint(body)(x).sum(), x).unguarded
     reported = explain(lambda x: jax.checkpoint(body)(jnp.sqrt(x)).sum(), x).unguarded
     assert [u.op for u in reported] == ["cond"]
+
+
+_W = jnp.array([1.0, 2.0, -3.0, 0.0], jnp.float32)
+
+#: a factor a ``where`` zeroes by value times one with an infinite
+#: derivative there: (f, its double where)
+WHERE_MADE_ZERO_FACTORS = {
+    "mask times sqrt": (
+        lambda x: jnp.sum(jnp.where(x > 0, 1.0, 0.0) * jnp.sqrt(x)),
+        lambda x: jnp.sum(jnp.where(x > 0, 1.0, 0.0) * jnp.sqrt(jnp.where(x > 0, x, 1.0))),
+    ),
+    "jax.grad inside the loss (force matching)": (
+        lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(jnp.where(x > 0, x**1.5, 0.0)))(x) ** 2),
+        lambda x: jnp.sum(
+            jax.grad(lambda x: jnp.sum(jnp.where(x > 0, jnp.where(x > 0, x, 1.0) ** 1.5, 0.0)))(x)
+            ** 2
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WHERE_MADE_ZERO_FACTORS))
+def test_a_where_made_zero_times_a_singular_factor_is_reported(case):
+    """Found by a user-style hunt: ``where(c, 1, 0) * sqrt(x)`` -- or JAX's
+    own backward pass ``select_n(c, 0, ct) * 1.5 * x ** 0.5`` in a loss that
+    calls ``jax.grad`` -- is ``0 * inf`` in the zeroed lanes.  Those lanes
+    are zero by value, not dead, so nothing is guarded there; the gradient
+    is NaN where the double where is finite, and the report was empty.  It
+    is now reported on the ``mul``."""
+    f, oracle = WHERE_MADE_ZERO_FACTORS[case]
+    x = jnp.array([0.0, 0.0, 0.5, 2.0], jnp.float32)
+    assert np.isfinite(np.asarray(jax.grad(oracle)(x))).all()
+    assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(f))(x))).any()
+    reported = [u for u in explain(f, x).unguarded if "where-made zero" in u.reason]
+    assert [u.op for u in reported] == ["mul"]
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: jnp.sum(jnp.where(x > 0, x, 0.0) * jax.nn.sigmoid(_W * x)),
+        lambda x: jnp.sum(jax.nn.relu(x) * jnp.tanh(x)),
+        lambda x: jnp.sum(jnp.where(x > 0, 1.0, 0.0) * jax.nn.softplus(x)),
+        lambda x: jnp.sum(jnp.where(x > 0, 1.0, 0.0) * (x - 1.0) ** 2),
+        lambda x: jnp.sum(jax.nn.silu(x) * jnp.where(x > 0, 1.0, 0.0)),
+    ],
+    ids=["gated relu", "relu times tanh", "mask times softplus", "mask times square", "swish"],
+)
+def test_a_where_made_zero_times_a_bounded_factor_is_not_reported(f):
+    """A factor whose derivative is bounded on finite inputs (a gate, a
+    square, a custom_jvp activation) cannot make ``0 * inf``: no report."""
+    x = jnp.array([0.0, -1.0, 0.5, 2.0], jnp.float32)
+    assert not [u for u in explain(f, x).unguarded if "where-made zero" in u.reason]

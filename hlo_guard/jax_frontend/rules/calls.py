@@ -52,6 +52,7 @@ from hlo_guard.jax_frontend.rules.forward_context import (
     partly_zero_operand_tangent,
     taint_gaps,
 )
+from hlo_guard.jax_frontend.rules.hazards import hazard_before
 from hlo_guard.jax_frontend.trace_cache import WeakCacheByJaxpr
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import ALL, NONE
@@ -319,7 +320,7 @@ class ControlFlow(JaxRule):
                 for v, operand in zip(body.invars, operands)
                 if not sub.value_liveness(v).is_live
                 and sub.value_liveness(v).reaches_output
-                and _hazard_before(analysis, operand)
+                and hazard_before(analysis, operand)
             ]
             if dead_inside and not noted:
                 noted = True
@@ -509,51 +510,6 @@ def _body_operands(eqn) -> list:
     if name == "while":
         return list(eqn.invars[eqn.params["cond_nconsts"] :])
     return list(eqn.invars)  # scan, shard_map
-
-
-def _hazard_before(analysis, operand) -> bool:
-    """Whether a zero cotangent handed back through ``operand`` could meet
-    a possibly infinite derivative before the body: an operation behind it
-    whose rule guards an input (in this graph, or -- through a call body's
-    link to its caller -- in the graphs around it), a risky body, an op
-    without a rule, or an input of a body whose caller is not linked (a loop
-    body: its carries come from the last iteration).  The guarded
-    function's own arguments, and values behind only linear operations on
-    them, have nothing to protect: dead lanes not followed back to them
-    need no report."""
-    stack, seen = [(analysis.graph, operand)], set()
-    while stack:
-        graph, v = stack.pop()
-        if is_literal(v) or (id(graph), v) in seen or not graph.carries_derivative(v):
-            continue
-        seen.add((id(graph), v))
-        found = graph.producer(v)
-        if found is None:
-            outer = graph.caller_argument(v)
-            if outer is not None:
-                stack.append(outer)
-            elif graph.scope:  # a body's input from a caller not linked
-                return True
-            continue
-        eqn = graph.eqns[found[0]]
-        rule = analysis.rules.get(eqn.primitive.name)
-        if rule is None or any(body_is_risky(b) for b in _sub_jaxprs(eqn)):
-            return True
-        if rule.guards and any(not is_literal(a) and is_inexact_aval(a.aval) for a in eqn.invars):
-            return True
-        stack.extend((graph, a) for a in eqn.invars)
-    return False
-
-
-def _sub_jaxprs(eqn) -> list:
-    """The jaxprs an equation holds (a call's, a control-flow op's bodies)."""
-    found = []
-    for param in eqn.params.values():
-        for p in param if isinstance(param, (tuple, list)) else (param,):
-            inner = getattr(p, "jaxpr", p)
-            if hasattr(inner, "eqns"):
-                found.append(inner)
-    return found
 
 
 def _scan_dead_lanes_lost(sub, body, outs, eqn):

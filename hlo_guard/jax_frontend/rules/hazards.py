@@ -1,0 +1,197 @@
+"""Questions about what lies behind a value, asked by rules that report what
+they do not guard.
+
+* :func:`hazard_before`: whether a zero cotangent handed back through a value
+  could meet a possibly infinite derivative before it (an operation whose
+  rule guards an input lies behind it);
+* :func:`singular_before`: whether an operation with an unbounded
+  derivative lies behind a value;
+* :func:`selected_zero`: whether a value is a ``where`` that picks a constant
+  zero in some lanes (``jnp.where(c, 1.0, 0.0)``, JAX's own backward pass
+  ``select_n(c, 0, ct)``) -- a zero by *value*, which a ``mul`` then turns
+  into ``0 * inf`` when its other factor's derivative is infinite.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
+from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+
+#: operations that hand a value's lanes on unchanged (for :func:`selected_zero`)
+_PASS_THROUGH = frozenset({"convert_element_type", "broadcast_in_dim", "reshape", "squeeze"})
+
+
+def hazard_before(analysis, operand) -> bool:
+    """Whether a zero cotangent handed back through ``operand`` could meet
+    a possibly infinite derivative before it: an operation behind it whose
+    rule guards an input (in this graph, or -- through a call body's link to
+    its caller -- in the graphs around it), a risky body, an op without a
+    rule, or an input of a body whose caller is not linked (a loop body: its
+    carries come from the last iteration).  The guarded function's own
+    arguments, and values behind only linear operations on them, have
+    nothing to protect."""
+    stack, seen = [(analysis.graph, operand)], set()
+    while stack:
+        graph, v = stack.pop()
+        if is_literal(v) or (id(graph), v) in seen or not graph.carries_derivative(v):
+            continue
+        seen.add((id(graph), v))
+        found = graph.producer(v)
+        if found is None:
+            outer = graph.caller_argument(v)
+            if outer is not None:
+                stack.append(outer)
+            elif graph.scope:  # a body's input from a caller not linked
+                return True
+            continue
+        eqn = graph.eqns[found[0]]
+        rule = analysis.rules.get(eqn.primitive.name)
+        if rule is None or any(body_is_risky(b) for b in sub_jaxprs(eqn)):
+            return True
+        if rule.guards and any(not is_literal(a) and is_inexact_aval(a.aval) for a in eqn.invars):
+            return True
+        stack.extend((graph, a) for a in eqn.invars)
+    return False
+
+
+#: operations whose derivative is unbounded at some finite input, or
+#: overflows: a where-made zero factor times that is ``0 * inf``
+#: (:func:`singular_before`).  Not here: those with a derivative bounded on
+#: finite inputs (``mul``, ``tanh``, ``logistic``, ``sin``, ``erf``, ...).
+SINGULAR = frozenset(
+    {
+        "sqrt",
+        "rsqrt",
+        "cbrt",
+        "log",
+        "log1p",
+        "log2",
+        "div",
+        "rem",
+        "pow",
+        "exp",
+        "exp2",
+        "expm1",
+        "sinh",
+        "cosh",
+        "tan",
+        "asin",
+        "acos",
+        "atanh",
+        "acosh",
+        "atan2",
+        "lgamma",
+        "digamma",
+        "polygamma",
+        "zeta",
+        "erf_inv",
+        "igamma",
+        "igammac",
+        "igamma_grad_a",
+        "regularized_incomplete_beta",
+    }
+)
+
+#: calls whose derivative is their own rule, not their body's: not looked into
+_OWN_RULE = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def singular_before(graph, operand, depth: int = 64) -> bool:
+    """Whether an operation with an unbounded derivative (:data:`SINGULAR`,
+    ``integer_pow`` with a negative exponent) lies behind ``operand``: in
+    this graph, in the bodies of calls behind it, or -- through a call
+    body's link to its caller -- in the graphs around it.  An input of a
+    body without that link (a loop's carry) counts as one."""
+    stack, seen = [(graph, operand)], set()
+    while stack:
+        g, v = stack.pop()
+        if is_literal(v) or (id(g), v) in seen or not g.carries_derivative(v):
+            continue
+        seen.add((id(g), v))
+        found = g.producer(v)
+        if found is None:
+            outer = g.caller_argument(v)
+            if outer is not None:
+                stack.append(outer)
+            elif g.scope:
+                return True
+            continue
+        eqn = g.eqns[found[0]]
+        name = eqn.primitive.name
+        if name in SINGULAR or (name == "integer_pow" and eqn.params.get("y", 1) < 0):
+            return True
+        if name not in _OWN_RULE and any(_holds_singular(b, depth) for b in sub_jaxprs(eqn)):
+            return True
+        stack.extend((g, a) for a in eqn.invars)
+    return False
+
+
+def _holds_singular(jaxpr, depth: int) -> bool:
+    if depth <= 0:
+        return True
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in SINGULAR or (name == "integer_pow" and eqn.params.get("y", 1) < 0):
+            return True
+        if name not in _OWN_RULE and any(_holds_singular(b, depth - 1) for b in sub_jaxprs(eqn)):
+            return True
+    return False
+
+
+def sub_jaxprs(eqn) -> list:
+    """The jaxprs an equation holds (a call's, a control-flow op's bodies)."""
+    found = []
+    for param in eqn.params.values():
+        for p in param if isinstance(param, (tuple, list)) else (param,):
+            inner = getattr(p, "jaxpr", p)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def selected_zero(graph, atom, depth: int = 8) -> bool:
+    """Whether ``atom`` is a selection (``select_n``) one of whose cases is
+    the constant zero and another is not, seen through conversions,
+    broadcasts and ``jnp``'s wrapper calls (``jnp.where`` is one), into
+    the body of a call that returns it and out to the caller of a body that
+    receives it."""
+    if depth <= 0 or is_literal(atom):
+        return False
+    found = graph.producer(atom)
+    if found is None:  # a call body's input: asked where the caller computes it
+        outer = graph.caller_argument(atom)
+        return outer is not None and selected_zero(outer[0], outer[1], depth - 1)
+    node, j = found
+    eqn = graph.eqns[node]
+    name = eqn.primitive.name
+    if name in _PASS_THROUGH:
+        return selected_zero(graph, eqn.invars[0], depth - 1)
+    if name in REWRITTEN_CALLS:
+        body = graph.call_body_graph(node)
+        out = body.jaxpr.outvars[j]
+        return selected_zero(body, out, depth - 1)
+    if name != "select_n":
+        return False
+    zeros = [_known_zero(graph, case, depth) for case in eqn.invars[1:]]
+    return any(zeros) and not all(zeros)
+
+
+def _known_zero(graph, atom, depth: int) -> bool:
+    """Whether ``atom`` is known while tracing to be zero in every lane."""
+    for _ in range(depth):
+        val = graph.known_constant(atom)
+        if val is not None:
+            with np.errstate(all="ignore"):
+                return bool(np.all(np.asarray(val) == 0))
+        if is_literal(atom):
+            return False
+        found = graph.producer(atom)
+        if found is None:
+            return False
+        eqn = graph.eqns[found[0]]
+        if eqn.primitive.name not in _PASS_THROUGH:
+            return False
+        atom = eqn.invars[0]
+    return False
