@@ -26,33 +26,45 @@ _PASS_THROUGH = frozenset({"convert_element_type", "broadcast_in_dim", "reshape"
 def hazard_before(analysis, operand) -> bool:
     """Whether a zero cotangent handed back through ``operand`` could meet
     a possibly infinite derivative before it: an operation behind it whose
-    rule guards an input (in this graph, or -- through a call body's link to
-    its caller -- in the graphs around it), a risky body, an op without a
-    rule, or an input of a body whose caller is not linked (a loop body: its
-    carries come from the last iteration).  The guarded function's own
-    arguments, and values behind only linear operations on them, have
-    nothing to protect."""
-    stack, seen = [(analysis.graph, operand)], set()
-    while stack:
-        graph, v = stack.pop()
-        if is_literal(v) or (id(graph), v) in seen or not graph.carries_derivative(v):
-            continue
-        seen.add((id(graph), v))
-        found = graph.producer(v)
-        if found is None:
-            outer = graph.caller_argument(v)
-            if outer is not None:
-                stack.append(outer)
-            elif graph.scope:  # a body's input from a caller not linked
-                return True
-            continue
-        eqn = graph.eqns[found[0]]
+    rule guards an input, a risky body, an op without a rule
+    (:func:`_lies_behind`).  The guarded function's own arguments, and
+    values behind only linear operations on them, have nothing to protect."""
+
+    def hazardous(eqn) -> bool:
         rule = analysis.rules.get(eqn.primitive.name)
         if rule is None or any(body_is_risky(b) for b in sub_jaxprs(eqn)):
             return True
-        if rule.guards and any(not is_literal(a) and is_inexact_aval(a.aval) for a in eqn.invars):
+        return bool(rule.guards) and any(
+            not is_literal(a) and is_inexact_aval(a.aval) for a in eqn.invars
+        )
+
+    return _lies_behind(analysis.graph, operand, hazardous)
+
+
+def _lies_behind(graph, operand, found_in) -> bool:
+    """Whether ``found_in(eqn)`` holds for an equation behind ``operand``,
+    walking the values it is computed from that carry a derivative: in this
+    graph, and -- through a call body's link to its caller -- in the graphs
+    around it.  An input of a body without that link (a loop body: its
+    carries come from the last iteration) counts as found."""
+    stack, seen = [(graph, operand)], set()
+    while stack:
+        g, v = stack.pop()
+        if is_literal(v) or (id(g), v) in seen or not g.carries_derivative(v):
+            continue
+        seen.add((id(g), v))
+        producer = g.producer(v)
+        if producer is None:
+            outer = g.caller_argument(v)
+            if outer is not None:
+                stack.append(outer)
+            elif g.scope:  # a body's input from a caller not linked
+                return True
+            continue
+        eqn = g.eqns[producer[0]]
+        if found_in(eqn):
             return True
-        stack.extend((graph, a) for a in eqn.invars)
+        stack.extend((g, a) for a in eqn.invars)
     return False
 
 
@@ -98,46 +110,24 @@ SINGULAR = frozenset(
 _OWN_RULE = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 
-def singular_before(graph, operand, depth: int = 64) -> bool:
+def singular_before(graph, operand) -> bool:
     """Whether an operation with an unbounded derivative (:data:`SINGULAR`,
-    ``integer_pow`` with a negative exponent) lies behind ``operand``: in
-    this graph, in the bodies of calls behind it, or -- through a call
-    body's link to its caller -- in the graphs around it.  An input of a
-    body without that link (a loop's carry) counts as one."""
-    stack, seen = [(graph, operand)], set()
-    while stack:
-        g, v = stack.pop()
-        if is_literal(v) or (id(g), v) in seen or not g.carries_derivative(v):
-            continue
-        seen.add((id(g), v))
-        found = g.producer(v)
-        if found is None:
-            outer = g.caller_argument(v)
-            if outer is not None:
-                stack.append(outer)
-            elif g.scope:
-                return True
-            continue
-        eqn = g.eqns[found[0]]
-        name = eqn.primitive.name
-        if name in SINGULAR or (name == "integer_pow" and eqn.params.get("y", 1) < 0):
-            return True
-        if name not in _OWN_RULE and any(_holds_singular(b, depth) for b in sub_jaxprs(eqn)):
-            return True
-        stack.extend((g, a) for a in eqn.invars)
-    return False
+    ``integer_pow`` with a negative exponent) lies behind ``operand``, or in
+    the body of a call behind it (:func:`_lies_behind`)."""
+    return _lies_behind(graph, operand, _singular)
 
 
-def _holds_singular(jaxpr, depth: int) -> bool:
+def _singular(eqn, depth: int = 64) -> bool:
+    """The equation is singular, or a call whose body (at any depth) holds
+    one -- not a custom rule's call, whose derivative is its rule's."""
     if depth <= 0:
         return True
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in SINGULAR or (name == "integer_pow" and eqn.params.get("y", 1) < 0):
-            return True
-        if name not in _OWN_RULE and any(_holds_singular(b, depth - 1) for b in sub_jaxprs(eqn)):
-            return True
-    return False
+    name = eqn.primitive.name
+    if name in SINGULAR or (name == "integer_pow" and eqn.params.get("y", 1) < 0):
+        return True
+    return name not in _OWN_RULE and any(
+        _singular(inner, depth - 1) for body in sub_jaxprs(eqn) for inner in body.eqns
+    )
 
 
 def sub_jaxprs(eqn) -> list:
