@@ -1041,3 +1041,23 @@ def test_a_where_made_zero_times_a_bounded_factor_is_not_reported(f):
     square, a custom_jvp activation) cannot make ``0 * inf``: no report."""
     x = jnp.array([0.0, -1.0, 0.5, 2.0], jnp.float32)
     assert not [u for u in explain(f, x).unguarded if "where-made zero" in u.reason]
+
+
+def test_dead_lanes_inside_a_loop_in_a_branch_follow_the_branch_to_its_operands():
+    """A scan inside a ``cond`` branch: its operand is the branch's input,
+    which the cond binds to the function's argument -- nothing to protect
+    (followed through the branch's link to the cond's operands); a ``sqrt``
+    before the cond keeps the report (and the NaN)."""
+
+    def inner(v):
+        return lax.scan(lambda c, _: (c, jnp.where(c > 0, jnp.sqrt(c), 0.0)), v, None, length=1)[1][
+            0
+        ]
+
+    x = jnp.array([-1.0, 0.0, 1.0, 4.0], jnp.float32)
+    f = lambda x: lax.cond(x[0] < 5.0, inner, lambda v: v, x).sum()  # noqa: E731
+    assert not explain(f, x).unguarded
+    np.testing.assert_allclose(jax.grad(hlo_guard.guard(f))(x), [0.0, 0.0, 0.5, 0.25])
+    g = lambda x: lax.cond(x[0] < 5.0, inner, lambda v: v, jnp.sqrt(jnp.abs(x))).sum()  # noqa: E731
+    assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(g))(x))).any()
+    assert [u.op for u in explain(g, x).unguarded] == ["scan"]

@@ -90,6 +90,11 @@ class JaxprGraph:
         (:meth:`known_constant`, :mod:`value_bounds`)."""
         self.jaxpr = jaxpr
         self._caller = caller
+        #: a ``cond`` branch's link to the operands its caller passes (the
+        #: caller's graph, invar -> operand), for walks that follow a value
+        #: back out of the branch; unlike ``caller``, no fact (a constant, a
+        #: bound) is read through it
+        self.operand_source: tuple | None = None
         #: :func:`value_bounds.lower_bound`'s answers for this graph
         self.lower_bounds: dict = {}
         #: node -> the graph of that call's body, seen from here (:meth:`call_body_graph`)

@@ -307,6 +307,9 @@ class ControlFlow(JaxRule):
                 else body.constvars,
             )
             if name == "cond":
+                # (a branch runs once on the operands: a report walking back
+                # from its inputs continues at them, :func:`hazard_before`)
+                graph.operand_source = (analysis.graph, dict(zip(body.invars, eqn.invars[1:])))
                 body_outs = list(outs)
             elif name == "scan":
                 ncarry = scan_layout(eqn.params, len(eqn.invars))[1]

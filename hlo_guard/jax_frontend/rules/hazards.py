@@ -55,7 +55,7 @@ def _lies_behind(graph, operand, found_in) -> bool:
         seen.add((id(g), v))
         producer = g.producer(v)
         if producer is None:
-            outer = g.caller_argument(v)
+            outer = g.caller_argument(v) or _operand_source(g, v)
             if outer is not None:
                 stack.append(outer)
             elif g.scope:  # a body's input from a caller not linked
@@ -66,6 +66,17 @@ def _lies_behind(graph, operand, found_in) -> bool:
             return True
         stack.extend((g, a) for a in eqn.invars)
     return False
+
+
+def _operand_source(graph, v):
+    """(the caller's graph, the operand) a ``cond`` branch's input ``v`` is
+    bound to, when the branch was made with that link; else None."""
+    source = getattr(graph, "operand_source", None)
+    if source is None:
+        return None
+    outer, args = source
+    arg = args.get(v)
+    return None if arg is None else (outer, arg)
 
 
 #: operations whose derivative is unbounded at some finite input, or
