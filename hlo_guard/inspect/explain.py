@@ -35,6 +35,7 @@ from hlo_guard.jax_frontend.compat import jit_inlines
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken, is_inexact_aval
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
+from hlo_guard.jax_frontend.rules.hazards import where_made_zero_factors
 from passes.analysis import analyze
 from passes.lattice import LIVE, NO_DERIVATIVE, Level
 from passes.planning import plan_guards, protected_hazards
@@ -151,7 +152,8 @@ class _Explainer:
             (site for sites in plan.sites_for(self.mode).values() for site in sites),
             key=lambda site: (site.node, site.index),
         )
-        unguarded = plan_guards(analysis)[1]
+        # (a where-made zero factor is asked here, not while tracing)
+        unguarded = plan_guards(analysis)[1] + where_made_zero_factors(analysis)
         out: list[SiteInfo] = []
         skipped = sorted(
             plan_of(analysis).record.skipped,

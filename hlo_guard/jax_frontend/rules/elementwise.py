@@ -17,18 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 import passes.rules as passes_rules
-from hlo_guard.jax_frontend.graph import is_literal
 from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
 from hlo_guard.jax_frontend.rules.base import (
     JaxRule,
     LazyMasks,
     aval_shape,
     forward_join,
-    joined,
     or_all,
     same_as_output,
 )
-from hlo_guard.jax_frontend.rules.hazards import selected_zero, singular_before
 from hlo_guard.jax_frontend.value_bounds import lower_bound
 
 
@@ -40,10 +37,7 @@ class Elementwise(JaxRule):
         self.guards = guards
 
     def transfer(self, analysis, node, outs):
-        eqn = analysis.graph.eqns[node]
-        if eqn.primitive.name == "mul" and joined(outs).reaches_output:
-            _note_selected_zero_factor(analysis, node, eqn, joined(outs))
-        return same_as_output(eqn, outs)
+        return same_as_output(analysis.graph.eqns[node], outs)
 
     def input_masks(self, mctx, node, eqn, out_masks):
         out = or_all(out_masks)
@@ -90,32 +84,6 @@ class Elementwise(JaxRule):
         shape = aval_shape(eqn.outvars[0])
         m = or_all(broadcast_to(m, shape) for m in in_masks)
         return [m] * len(eqn.outvars)
-
-
-def _note_selected_zero_factor(analysis, node, eqn, out) -> None:
-    """``where(c, 1.0, 0.0) * sqrt(x)``, or JAX's own backward pass
-    ``select_n(c, 0, ct) * 1.5 * x ** 0.5`` inside a loss that calls
-    ``jax.grad``: a factor the ``where`` makes zero by *value* multiplies one
-    whose derivative may be infinite, and ``0 * inf`` is NaN in the
-    lanes the ``where`` zeroed.  Those lanes are not structurally dead (the
-    cotangent reaching the other factor is the zero's value), so nothing is
-    guarded there: reported (found by a user-style hunt: force matching
-    with ``jax.grad`` inside the loss, where-made sample weights)."""
-    graph = analysis.graph
-    for i, v in enumerate(eqn.invars[:2]):
-        other = eqn.invars[1 - i]
-        if is_literal(other) or not selected_zero(graph, v):
-            continue
-        if singular_before(graph, other):
-            analysis.note_unreached(
-                node,
-                "a where-made zero (a value, not a dead lane) multiplies a factor whose "
-                "derivative may be infinite: 0 * inf is NaN in the lanes it zeroes, "
-                "unguarded -- put the where around the product (where(c, f(x), 0)), or "
-                "guard the function a jax.grad inside the loss differentiates",
-                out,
-            )
-            return
 
 
 class ZeroDerivative(passes_rules.ZeroDerivative, JaxRule):

@@ -18,6 +18,7 @@ import numpy as np
 
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from passes.planning import UnguardedSite
 
 #: operations that hand a value's lanes on unchanged (for :func:`selected_zero`)
 _PASS_THROUGH = frozenset({"convert_element_type", "broadcast_in_dim", "reshape", "squeeze"})
@@ -196,3 +197,40 @@ def _known_zero(graph, atom, depth: int) -> bool:
             return False
         atom = eqn.invars[0]
     return False
+
+
+def where_made_zero_factors(analysis) -> list[UnguardedSite]:
+    """``where(c, 1.0, 0.0) * sqrt(x)``, or JAX's own backward pass
+    ``select_n(c, 0, ct) * 1.5 * x ** 0.5`` inside a loss that calls
+    ``jax.grad``: a factor a ``where`` makes zero by *value* multiplies one
+    whose derivative may be infinite, and ``0 * inf`` is NaN in the lanes the
+    ``where`` zeroed.  Those lanes are not structurally dead (the cotangent
+    reaching the other factor is the zero's value), so nothing is guarded
+    there: each such ``mul`` whose derivative is used is an unguarded site
+    (found by a user-style hunt: force matching with ``jax.grad`` inside the
+    loss, where-made sample weights).  Asked by the reports only -- a walk
+    per ``mul`` operand the trace need not pay for."""
+    graph = analysis.graph
+    found = []
+    for node, eqn in enumerate(graph.eqns):
+        if eqn.primitive.name != "mul":
+            continue
+        out = analysis.value_liveness(eqn.outvars[0])
+        if not out.reaches_output:
+            continue
+        for i, v in enumerate(eqn.invars[:2]):
+            other = eqn.invars[1 - i]
+            if is_literal(other) or not selected_zero(graph, v):
+                continue
+            if singular_before(graph, other):
+                found.append(UnguardedSite(node, WHERE_MADE_ZERO, out))
+                break
+    return found
+
+
+WHERE_MADE_ZERO = (
+    "a where-made zero (a value, not a dead lane) multiplies a factor whose derivative "
+    "may be infinite: 0 * inf is NaN in the lanes it zeroes, unguarded -- put the where "
+    "around the product (where(c, f(x), 0)), or guard the function a jax.grad inside the "
+    "loss differentiates"
+)
