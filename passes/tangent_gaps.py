@@ -67,11 +67,7 @@ def tainted_values(
         noted = notes.get(node)
         if inherited is None and noted is None:
             continue
-        for j, v in enumerate(graph.node_outputs(node)):
-            if v is None or not graph.carries_derivative(v):
-                continue
-            if not fa.value_liveness(v).reaches_output:
-                continue
+        for j, v in _outputs_reaching(graph, fa, node):
             if inherited is not None:
                 tainted.setdefault(v, inherited)
             elif noted[1] is None or j in noted[1]:
@@ -79,6 +75,15 @@ def tainted_values(
         if inherited is not None:
             readers.append((node, inherited))
     return tainted, readers
+
+
+def _outputs_reaching(graph, analysis, node: int):
+    """(index, value) of ``node``'s outputs that carry a derivative which
+    ``analysis`` (a forward or a backward one) says reaches an output."""
+    for j, v in enumerate(graph.node_outputs(node)):
+        if v is not None and graph.carries_derivative(v):
+            if analysis.value_liveness(v).reaches_output:
+                yield j, v
 
 
 def unguarded_sites(
@@ -100,11 +105,7 @@ def unguarded_sites(
         guards_output = needs_guard or getattr(rule, "guards_output", None)
         if guards_output is None:
             continue
-        for j, v in enumerate(graph.node_outputs(node)):
-            if v is None or not graph.carries_derivative(v):
-                continue
-            if not backward.value_liveness(v).reaches_output:
-                continue
+        for j, _ in _outputs_reaching(graph, backward, node):
             if guards_output(backward, node, j):
                 seen.add(node)
                 sites.append(

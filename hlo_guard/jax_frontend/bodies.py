@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import weakref
 
-from hlo_guard.jax_frontend.compat import jit_inlines
+from hlo_guard.jax_frontend.compat import jit_inlines, scan_layout
 from hlo_guard.jax_frontend.rule_table import RULES
 
 
@@ -57,6 +57,36 @@ def control_bodies(eqn):
         return [open_jaxpr(eqn.params["body_jaxpr"])]
     if name in ("scan", "shard_map"):
         return [open_jaxpr(eqn.params["jaxpr"])]
+    return []
+
+
+#: operations whose bodies are branches or loops (not calls)
+CONTROL_FLOW = frozenset({"cond", "scan", "while", "shard_map"})
+
+
+def first_body_operand(eqn) -> int:
+    """The index of the control-flow equation's first operand bound to its
+    (differentiable) body's inputs: a ``cond``'s index and a ``while``'s
+    predicate constants come first; the operands after it are bound to the
+    body's inputs in order."""
+    name = eqn.primitive.name
+    if name == "cond":
+        return 1
+    if name == "while":
+        return eqn.params["cond_nconsts"]
+    return 0  # scan, shard_map
+
+
+def loop_carries(eqn) -> list[tuple[int, int]]:
+    """A ``scan``'s or ``while``'s carries as (body input, body output)
+    index pairs; none for other equations."""
+    name = eqn.primitive.name
+    if name == "scan":
+        nconsts, ncarry = scan_layout(eqn.params, len(eqn.invars))
+        return [(nconsts + j, j) for j in range(ncarry)]
+    if name == "while":
+        nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        return [(nb + j, j) for j in range(len(eqn.invars) - nc - nb)]
     return []
 
 

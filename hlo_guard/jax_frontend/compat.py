@@ -157,16 +157,9 @@ def never_differentiated(x) -> bool:
     (``jax.grad(jax.jit(f))``), and a JVP's carries a tangent, so both
     count as differentiable."""
     import jax
-    from jax._src.interpreters import batching
 
-    batch_tracer = getattr(batching, "BatchTracer", None)
-    for _ in range(256):  # (a deeper nesting: say no)
-        if not isinstance(x, jax.core.Tracer):
-            return True
-        if batch_tracer is None or type(x) is not batch_tracer:
-            return False
-        x = x.val
-    return False  # pragma: no cover
+    inner = _unwrapped(x, linearize=False)
+    return inner is not None and not isinstance(inner, jax.core.Tracer)
 
 
 def under_forward_mode(x) -> bool | None:
@@ -175,25 +168,35 @@ def under_forward_mode(x) -> bool | None:
     ``vmap``, ``hessian``).  False for a concrete value or a jaxpr trace's
     tracer reached without one; None for a tracer of another kind."""
     import jax
-    from jax._src.interpreters import ad, batching, partial_eval
+    from jax._src.interpreters import ad, partial_eval
 
-    wrappers = {
-        getattr(batching, "BatchTracer", None): "val",
-        getattr(ad, "LinearizeTracer", None): "primal",
-    }
-    jvp = getattr(ad, "JVPTracer", None)
-    staging = getattr(partial_eval, "DynamicJaxprTracer", None)
+    inner = _unwrapped(x, linearize=True)
+    if inner is None:
+        return None
+    if not isinstance(inner, jax.core.Tracer):
+        return False
+    kind = type(inner)
+    if kind is getattr(ad, "JVPTracer", None):
+        return True
+    if kind is getattr(partial_eval, "DynamicJaxprTracer", None):
+        return False
+    return None
+
+
+def _unwrapped(x, linearize: bool):
+    """``x`` with the tracers that only wrap a value taken off -- a batching
+    tracer's ``val``, and (``linearize``) a linearize tracer's ``primal`` --
+    or None past a nesting deeper than any real one."""
+    from jax._src.interpreters import ad, batching
+
+    wrappers = {getattr(batching, "BatchTracer", None): "val"}
+    if linearize:
+        wrappers[getattr(ad, "LinearizeTracer", None)] = "primal"
+    wrappers.pop(None, None)
     for _ in range(256):
-        if not isinstance(x, jax.core.Tracer):
-            return False
-        kind = type(x)
-        if kind is jvp:
-            return True
-        if kind is staging:
-            return False
-        attr = wrappers.get(kind)
+        attr = wrappers.get(type(x))
         if attr is None:
-            return None
+            return x
         x = getattr(x, attr)
     return None  # pragma: no cover
 

@@ -24,12 +24,14 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from hlo_guard.jax_frontend.bodies import (
+    CONTROL_FLOW,
     REWRITTEN_CALLS,
     body_is_risky,
     body_of,
     control_bodies,
+    first_body_operand,
+    loop_carries,
 )
-from hlo_guard.jax_frontend.compat import scan_layout
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
 from hlo_guard.jax_frontend.rule_table import RULES
 from passes.analysis import Analysis, ForwardAnalysis, analyze_forward
@@ -54,7 +56,7 @@ if TYPE_CHECKING:  # (the rules package imports this module)
     from hlo_guard.jax_frontend.rules.base import JaxRule
 
 #: primitives whose bodies the interpreter evaluates with guards
-_GUARDED_BODIES = REWRITTEN_CALLS | {"cond", "while", "scan", "shard_map"}
+_GUARDED_BODIES = REWRITTEN_CALLS | CONTROL_FLOW
 
 #: a skipped guard: (node, input index, reason); index None for the masks of a
 #: call's outputs passed into its body, ("output", j) for a forward-mode guard
@@ -182,13 +184,16 @@ class GuardPlan:
         # outputs, an unknown operation's), followed to the singular
         # operations they reach -- from inside this graph, from the caller
         # (a value entering a loop or branch body) or around a loop
-        seeds = self.forward_taint_seeds
-        if UNFOLLOWED in self.forward.notes or seeds:
+        if self.forward_tainted:
             seen = {site.node for site in found}
             found.extend(
                 site
                 for site in unguarded_sites(
-                    self.graph, self.forward, self.analysis, seeds, output_may_blow_up
+                    self.graph,
+                    self.forward,
+                    self.analysis,
+                    self.forward_taint_seeds,
+                    output_may_blow_up,
                 )[1]
                 if site.node not in seen
             )
@@ -230,14 +235,9 @@ class GuardPlan:
         parent, node, _ = caller
         eqn = cast(JaxprGraph, parent.graph).eqns[node]
         name = eqn.primitive.name
-        if name == "cond":
-            operands = list(eqn.invars[1:])
-        elif name in ("scan", "shard_map"):
-            operands = list(eqn.invars)
-        elif name == "while":
-            operands = list(eqn.invars[eqn.params["cond_nconsts"] :])
-        else:
+        if name not in CONTROL_FLOW:
             return {}
+        operands = eqn.invars[first_body_operand(eqn) :]
         tainted = plan_of(parent).forward_tainted
         if not tainted:
             return {}
@@ -259,13 +259,8 @@ class GuardPlan:
         parent, node, _ = caller
         eqn = cast(JaxprGraph, parent.graph).eqns[node]
         jaxpr = self.graph.jaxpr
-        if eqn.primitive.name == "scan":
-            nconsts, ncarry = scan_layout(eqn.params, len(eqn.invars))
-            pairs = [(nconsts + j, j) for j in range(ncarry)]
-        elif eqn.primitive.name == "while":
-            nb = eqn.params["body_nconsts"]
-            pairs = [(nb + j, j) for j in range(len(jaxpr.outvars))]
-        else:
+        pairs = loop_carries(eqn)
+        if not pairs:
             return seeds
         seeds = dict(seeds)
         for _ in range(len(pairs) + 1):
@@ -398,7 +393,7 @@ def _body_may_blow_up(sub: Analysis) -> bool:
     own outputs, but a ``sqrt`` inside it does."""
     graph = sub.graph
     for n in range(graph.node_count()):
-        if graph.op_name(n) in _CONTROL_FLOW:
+        if graph.op_name(n) in CONTROL_FLOW:
             if any(_body_may_blow_up(b) for (m, _), b in sub.subs.items() if m == n):
                 return True
             continue
@@ -409,11 +404,6 @@ def _body_may_blow_up(sub: Analysis) -> bool:
         ):
             return True
     return False
-
-
-#: operations whose bodies a taint entering them is followed into
-#: (:meth:`GuardPlan._entering_taint`)
-_CONTROL_FLOW = frozenset({"cond", "scan", "while", "shard_map"})
 
 
 def note_unknown_operations(graph: JaxprGraph, forward: ForwardAnalysis) -> None:

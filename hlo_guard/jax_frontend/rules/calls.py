@@ -24,6 +24,7 @@ from hlo_guard.jax_frontend.bodies import (
     body_is_risky,
     body_of,
     control_bodies,
+    first_body_operand,
     holds_throughout,
     scope_name,
 )
@@ -317,7 +318,7 @@ class ControlFlow(JaxRule):
             else:
                 body_outs = [LIVE] * len(body.outvars)
             sub = analysis.analyze_sub(node, k, graph, body_outs)
-            operands = _body_operands(eqn)
+            operands = eqn.invars[first_body_operand(eqn) :]
             dead_inside = [
                 sub.value_liveness(v)
                 for v, operand in zip(body.invars, operands)
@@ -502,17 +503,6 @@ class ControlFlow(JaxRule):
                     (context, sub),
                 )
         return None
-
-
-def _body_operands(eqn) -> list:
-    """The equation's operands bound to its (differentiable) body's inputs,
-    in order."""
-    name = eqn.primitive.name
-    if name == "cond":
-        return list(eqn.invars[1:])
-    if name == "while":
-        return list(eqn.invars[eqn.params["cond_nconsts"] :])
-    return list(eqn.invars)  # scan, shard_map
 
 
 def _scan_dead_lanes_lost(sub, body, outs, eqn):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hlo_guard.jax_frontend.compat import scan_layout
+from hlo_guard.jax_frontend.bodies import first_body_operand, loop_carries
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.plan import note_unknown_operations, output_may_blow_up, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
@@ -73,18 +73,9 @@ def body_tangents(eqn, ins: list[Liveness]) -> tuple[list[Liveness], list[tuple[
     """The tangent liveness of a control-flow body's inputs as the equation's
     operands give it, and its loop carries as (body input, body output)
     index pairs."""
-    name = eqn.primitive.name
-    if name == "cond":
-        return ins[1:], []
-    if name == "scan":
-        nconsts, ncarry = scan_layout(eqn.params, len(eqn.invars))
-        if eqn.params.get("length") == 1:  # no iteration receives another's carry
-            return ins, []
-        return ins, [(nconsts + j, j) for j in range(ncarry)]
-    if name == "while":
-        nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
-        return ins[nc:], [(nb + j, j) for j in range(len(ins) - nc - nb)]
-    return ins, []  # shard_map
+    if eqn.primitive.name == "scan" and eqn.params.get("length") == 1:
+        return ins, []  # no iteration receives another's carry
+    return ins[first_body_operand(eqn) :], loop_carries(eqn)
 
 
 def carried_zero_meets_hazard(sub, body, entry, carries) -> tuple[Liveness, Any] | None:
