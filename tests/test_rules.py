@@ -716,3 +716,16 @@ def test_dot_general_masks_need_no_contraction():
     plain = jax.make_jaxpr(jax.grad(f))(x, w)
     count = lambda j: sum(e.primitive.name == "dot_general" for e in j.jaxpr.eqns)
     assert count(jaxpr) == count(plain)
+
+
+def test_a_live_singular_lane_through_a_sort_stays_infinite():
+    """The contract's other half: a lane a ``where`` keeps, at ``sqrt(0)``,
+    sorted and then read, keeps its infinite derivative in both modes -- as
+    the double where (here plain JAX: no lane is dropped) has it."""
+    f = lambda x: jnp.sort(jnp.sqrt(jnp.where(x > -1.0, x, 1.0)))  # noqa: E731
+    x = jnp.array([4.0, 0.0, 1.0])
+    for d in (jax.grad, jax.jacfwd):
+        got = np.asarray(d(_sum(guard(f)))(x))
+        want = np.asarray(d(_sum(f))(x))
+        assert np.isinf(want[1])
+        np.testing.assert_array_equal(got, want)
