@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -69,7 +70,10 @@ class GuardedTFFunction:
 
         _copy_signature(wrapper, self.python_function)
 
-        self.wrapper = tf.function(wrapper, input_signature=input_signature, autograph=False)
+        self._wrapped_build = wrapper
+        #: in an XLA context or not -> the ``tf.function`` of ``wrapper``
+        #: (:attr:`wrapper`)
+        self._wrappers: dict[bool, Any] = {}
         # name and docs only: a ``__wrapped__`` would let autograph (in a caller's
         # tf.function) unwrap this object and call the unguarded ``fn``
         # (``__signature__`` also keeps ``inspect.signature`` working although
@@ -77,6 +81,28 @@ class GuardedTFFunction:
         _copy_signature(self, self.python_function)
         if not hasattr(self, "__name__"):  # a Keras model or layer, a callable object
             self.__name__ = getattr(fn, "name", None) or type(fn).__name__
+
+    @property
+    def wrapper(self):
+        """The ``tf.function`` that builds the guarded program, one for XLA
+        contexts and one for the rest.
+
+        ``tf.function`` reuses a concrete function across XLA and non-XLA
+        callers (its cache key separates XLA contexts only on TPU), and TF's
+        gradient of a ``tf.cond`` *edits* the forward ``If`` op the first time
+        it is differentiated: outside XLA its intermediates become
+        ``Optional`` outputs, which XLA cannot compile.  A guard called eagerly
+        (or in a plain ``tf.function``) and then under ``jit_compile=True``
+        failed to compile wherever the program had a ``tf.cond``, where the
+        user's own function -- traced inline by each caller -- works.  Each
+        kind of context gets a wrapper of its own, as inline tracing does."""
+        in_xla = compat.in_xla_context()
+        found = self._wrappers.get(in_xla)
+        if found is None:
+            found = self._wrappers[in_xla] = tf.function(
+                self._wrapped_build, input_signature=self.input_signature, autograph=False
+            )
+        return found
 
     # -- tracing ---------------------------------------------------------------------
     def _flat_tensor_args(self, args, kwargs):

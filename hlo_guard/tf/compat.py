@@ -20,9 +20,19 @@ def variable_accessed(var) -> None:
     imported graph, so no ``ReadVariableOp`` is recorded on the tape in eager
     mode and ``tape.gradient(loss, var)`` would be None.  ``ReadVariableOp``
     notifies the tapes with this very call; there is no public equivalent
-    (``tape.watch`` only reaches the tapes the caller holds)."""
+    (``tape.watch`` only reaches the tapes the caller holds).
+
+    The graph being traced is told too, as ``ReadVariableOp`` tells it
+    (``FuncGraph.watch_variable``): a function's variables are the ones read
+    while it was traced, and an eager tape watches them when it is called.
+    Without it, a wrapper traced after the user's function was already
+    traced (for another calling context) listed no variable, and an eager
+    ``tape.gradient(loss, var)`` through it was None."""
     from tensorflow.python.eager import tape as tape_lib
 
+    graph = tf.compat.v1.get_default_graph()
+    if hasattr(graph, "watch_variable"):
+        graph.watch_variable(var)
     tape_lib.variable_accessed(var)
 
 
@@ -158,3 +168,17 @@ def copy_handle_data(source, target) -> None:
     from tensorflow.python.ops import handle_data_util
 
     handle_data_util.copy_handle_data(source, target)
+
+
+def register_function_defs(fdefs) -> None:
+    """Make functions resolvable by name wherever the program runs: added to
+    the eager context's function library, where the functions of every traced
+    ``tf.function`` are (a function imported with a GraphDef's library is
+    known to the importing graph only, and the wrapper that runs it looks
+    names up in the context)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    for fdef in fdefs:
+        if not ctx.has_function(fdef.signature.name):
+            ctx.add_function_def(fdef)

@@ -34,6 +34,7 @@ import tensorflow as tf
 from hlo_guard.tf import compat, local_constants, output_guards
 from hlo_guard.tf.contractions import guarded_contractions, with_masked_gradient
 from hlo_guard.tf.control import guard_bodies
+from hlo_guard.tf.function_names import with_fresh_function_names
 from hlo_guard.tf.graph import TFGraph, is_inexact
 from hlo_guard.tf.loop_bodies import attach_shaped_bodies, copy_loop_handle_data
 from hlo_guard.tf.mask_broadcasts import is_one_bit
@@ -442,6 +443,8 @@ def build_guarded(
     """Import, analyse, guard.  Returns (flat outputs, BuildRecord).
     ``localize_constants``: give the ops whose gradient reads an integer
     constant a gradient that builds it itself (:mod:`hlo_guard.tf.local_constants`)."""
+    # each build imports its own copy of the library (see the module)
+    traced = with_fresh_function_names(traced)
     ops, outputs, prefix = import_traced(traced, flat_args)
     outputs, record = _guard_graph(
         ops, outputs, traced.graph_def.library, traced.locations, traced.body_locations, prefix, 0
