@@ -63,6 +63,9 @@ CASES = {
         cond_of(lambda x: tf.sqrt(x * x + 1.0)),
         cond_of(lambda x: tf.sqrt(x * x + 1.0)),
     ),
+    # a genuine singularity: the live sqrt at 0 (inf) and at -1 (NaN) stays as
+    # the plain program has it, in every context
+    "cond_genuine_singularity": (cond_of(tf.sqrt), cond_of(tf.sqrt)),
     "switch_case": (case_of(where_sqrt), case_of(where_sqrt_oracle)),
     "while_loop": (loop_of(where_sqrt), loop_of(where_sqrt_oracle)),
 }
@@ -99,6 +102,8 @@ def test_one_guard_in_every_context_in_any_order(name, order):
         for context in order:
             got = gradient_in(context, guarded)
             np.testing.assert_array_equal(got, gradient_in(context, oracle), err_msg=context)
+            if name == "cond_genuine_singularity":
+                assert np.isnan(got[0]) and np.isinf(got[1]), (context, got)
 
 
 def test_the_unguarded_program_fails_in_that_order_without_its_own_copy():
