@@ -268,6 +268,129 @@ def test_guarded_mlp_gradient_has_no_extra_dots():
     assert dots(guarded) <= dots(plain)
 
 
+# -- gathers along the first axis after the batch dims: a segment max, against TF's own gradient --
+
+PICK_CASES = {
+    # params shape, indices, axis, batch_dims
+    "table": ((5, 2), [[3, 0, 3], [4, 1, 1]], 0, 0),
+    "rows": ((4, 5), [3, 0, 4, 1], 1, 1),
+    "rows_many": ((4, 5), [[3, 0], [4, 4], [1, 2], [0, 0]], 1, 1),
+    "rows_trailing": ((4, 5, 2), [3, 0, 4, 1], 1, 1),
+    "negative_axis": ((4, 5), [3, 0, 4, 1], -1, 1),
+    "two_batch_dims": ((2, 3, 4), [[0, 3, 1], [2, 2, 0]], 2, 2),
+    "two_batch_dims_negative_axis": ((2, 3, 4, 2), [[0, 3, 1], [2, 2, 0]], -2, 2),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("int64", [False, True])
+@pytest.mark.parametrize("case", sorted(PICK_CASES))
+def test_gathered_lane_masks_equal_gradient_masks(case, int64, dynamic):
+    """:func:`gathered_lane_masks` (a segment max, no gradient built) gives
+    the lanes TF's own gradient sends a cotangent to, for random output masks."""
+    from hlo_guard.tf.mask_ops import materialize
+    from hlo_guard.tf.rules.structural import gathered_lane_masks, probe_masks
+
+    shape, idx, axis, batch_dims = PICK_CASES[case]
+    idx = np.array(idx, np.int64 if int64 else np.int32)
+    out_shape = tf.gather(tf.zeros(shape), idx, axis=axis, batch_dims=batch_dims).shape
+    sig = None
+    if dynamic:
+        sig = [
+            tf.TensorSpec([None] * len(shape), tf.float32),
+            tf.TensorSpec([None] * idx.ndim, idx.dtype),
+            tf.TensorSpec([None] * len(out_shape), tf.bool),
+        ]
+
+    @tf.function(input_signature=sig, autograph=False)
+    def run(params, indices, m):
+        out = tf.gather(params, indices, axis=axis, batch_dims=batch_dims)
+        op = out.op
+        new = gathered_lane_masks(_Values(), op, [m])
+        old = probe_masks(_Values(), op, [m])
+        assert new is not None
+        assert new[1:] == [NONE] * (len(op.inputs) - 1)
+        return materialize(new[0], params), materialize(old[0], params)
+
+    for m in _random_masks(out_shape, 3) + [np.ones(out_shape, bool)]:
+        new, old = run(tf.zeros(shape), tf.constant(idx), tf.constant(m))
+        assert new.shape == shape
+        np.testing.assert_array_equal(new.numpy(), old.numpy())
+
+
+def test_gathered_lane_masks_send_an_out_of_range_index_where_the_gradient_does():
+    """Under XLA an index outside ``[0, N)`` raises nothing, and TF's gradient
+    sends its cotangent to segment ``row * N + index`` of the flattened rows:
+    a lane of a neighbouring row.  The mask marks that lane, as the gradient
+    does (marking it dead would zero a cotangent the plain program has)."""
+    from hlo_guard.tf.mask_ops import materialize
+    from hlo_guard.tf.rules.structural import gathered_lane_masks, probe_masks
+
+    @tf.function(jit_compile=True, autograph=False)
+    def run(params, indices, m):
+        op = tf.gather(params, indices, axis=1, batch_dims=1).op
+        new = gathered_lane_masks(_Values(), op, [m])
+        old = probe_masks(_Values(), op, [m])
+        return materialize(new[0], params), materialize(old[0], params)
+
+    new, old = run(tf.zeros((3, 4)), tf.constant([1, 7, -2]), tf.constant([True, True, True]))
+    np.testing.assert_array_equal(new.numpy(), old.numpy())
+    want = np.zeros((3, 4), bool)
+    want[0, 1] = True  # row 0, index 1
+    want[2, 3] = True  # row 1, index 7: segment 1 * 4 + 7 = 11
+    want[1, 2] = True  # row 2, index -2: segment 2 * 4 - 2 = 6
+    np.testing.assert_array_equal(new.numpy(), want)
+
+
+def test_other_gathers_are_left_to_the_probe():
+    from hlo_guard.tf.rules.structural import gathered_lane_masks
+
+    @tf.function(autograph=False)
+    def run(params, indices):
+        ops = [
+            tf.gather(params, indices, axis=1).op,  # past the (no) batch dims
+            tf.gather(tf.zeros((4, 2, 5)), indices, axis=2, batch_dims=1).op,
+            tf.gather(tf.zeros((4, 2), tf.int32), indices, axis=1, batch_dims=1).op,
+        ]
+        assert [gathered_lane_masks(_Values(), op, [ALL]) for op in ops] == [None] * 3
+        return params
+
+    run(tf.zeros((4, 5)), tf.constant([0, 1, 2, 3]))
+
+
+def test_a_cross_entropy_gather_builds_no_gradient_probe():
+    """The guarded cross-entropy's ``tf.gather(logits, labels, axis=1,
+    batch_dims=1)`` gets its mask from a segment max: no probe copy and no
+    gradient of it in the guarded program (they cost the first call about a
+    tenth of a second), and the gradient still equals the double where."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 3)).astype(np.float32)
+    x[-2:] = 0.0
+    labels = tf.constant([0, 2, 1, 1, 0, 2])
+    mask = tf.constant([True] * 4 + [False] * 2)
+
+    def loss(x):
+        n = tf.sqrt(tf.reduce_sum(x * x, axis=-1, keepdims=True))
+        z = tf.where(n > 0, x / n, 0.0)
+        nll = tf.reduce_logsumexp(z, -1) - tf.gather(z, labels, axis=1, batch_dims=1)
+        return tf.reduce_sum(tf.where(mask, nll, 0.0))
+
+    def oracle(x):
+        ss = tf.reduce_sum(x * x, axis=-1, keepdims=True)
+        n = tf.sqrt(tf.where(ss > 0, ss, 1.0))
+        z = tf.where(ss > 0, x / n, 0.0)
+        nll = tf.reduce_logsumexp(z, -1) - tf.gather(z, labels, axis=1, batch_dims=1)
+        return tf.reduce_sum(tf.where(mask, nll, 0.0))
+
+    guarded = hg.guard(loss)
+    names = [op.name for op in guarded.get_concrete_function(tf.constant(x)).graph.get_operations()]
+    assert any("hlo_guard_gather_mask" in n for n in names)
+    assert not any("hlo_guard_probe" in n for n in names)
+    (got,) = xla_grads(guarded, tf.constant(x))
+    (want,) = xla_grads(oracle, tf.constant(x))
+    assert_same(got, want)
+
+
 SUM_CASES = [(-1, True), (0, False), ((0, 1), False), (None, True), (1, False)]
 
 

@@ -13,7 +13,11 @@ duplicate indices) without restating them, and it works for dynamic shapes.
 
 Reshape-like operations keep a cheaper boolean reshape/transpose, and
 matrix products a boolean reduce-and-broadcast (:class:`MatMul`): probing them
-would cost a matmul as large as the program's own.
+would cost a matmul as large as the program's own.  A gather along its first
+axis after the batch dimensions (a table lookup, a cross-entropy's label pick)
+sends its mask by a segment max with its gradient's own flattening
+(:func:`gathered_lane_masks`): the batched gradient is some hundred ops,
+built again for every guarded program.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ import passes.rules as passes_rules
 from hlo_guard.tf import compat
 from hlo_guard.tf import mask_broadcasts as mb
 from hlo_guard.tf.graph import is_inexact
-from hlo_guard.tf.mask_ops import is_sentinel, normalize, reduce_to_shape, shape_of, to_float
+from hlo_guard.tf.mask_ops import (
+    is_sentinel,
+    materialize,
+    normalize,
+    reduce_to_shape,
+    shape_of,
+    to_float,
+)
 from hlo_guard.tf.opcopy import copy_op
 from hlo_guard.tf.rules.base import TFRule, forward_placed, joined
 from passes.lattice import LIVE, partial_by
@@ -435,6 +446,62 @@ class Transpose(Structural):
         return [m if is_sentinel(m) else tf.transpose(m, mctx.value(op.inputs[1]))]
 
 
+def _static_gather_axes(op) -> tuple[int, int] | None:
+    """``(axis, batch_dims)`` of a ``GatherV2``, non-negative, when both and
+    the operands' ranks are known at trace time."""
+    params, indices, axis_t = op.inputs[:3]
+    axis = tf.get_static_value(axis_t)
+    p_rank, i_rank = params.shape.rank, indices.shape.rank
+    if axis is None or p_rank is None or i_rank is None:
+        return None
+    axis, batch_dims = int(axis), op.get_attr("batch_dims")
+    axis = axis + p_rank if axis < 0 else axis
+    batch_dims = batch_dims + i_rank if batch_dims < 0 else batch_dims
+    return axis, batch_dims
+
+
+def gathered_lane_masks(mctx, op, out_masks) -> list | None:
+    """Operand masks of a ``GatherV2`` along its first axis after the batch
+    dimensions (``tf.gather(table, ids)``; ``tf.gather(logits, labels,
+    axis=1, batch_dims=1)`` of a cross-entropy) without building TF's
+    gradient: the output mask, sent to the lanes TF's gradient sends the
+    cotangent to, by the same flattening (``array_grad._BatchGatherGrad``:
+    batch row ``r`` of index ``j`` is segment ``r * N + j`` of the flattened
+    batch-and-gathered axes) and a segment *max* for its segment sum.  So an
+    index outside ``[0, N)`` lands where the gradient puts it (under XLA the
+    lane of a neighbouring row, or nowhere), without restating where.  The
+    probe of :func:`probe_masks` builds that gradient from about a hundred
+    ops for the batched case, per guarded build (a tenth of the MLP's first
+    call); this is a dozen.  None for a gather along a later axis (TF's
+    gradient transposes; the probe serves it)."""
+    params, indices = op.inputs[:2]
+    if op.type != "GatherV2" or not is_inexact(params.dtype):
+        return None
+    axes = _static_gather_axes(op)
+    if axes is None or axes[0] != axes[1]:
+        return None
+    batch_dims = axes[1]
+    out = out_masks[0]
+    if out is NONE:
+        return [NONE] * len(op.inputs)
+    with tf.name_scope("hlo_guard_gather_mask"):
+        idx = mctx.value(indices)
+        shape = _shape_of(mctx, params)
+        lanes = shape[batch_dims]
+        rows = tf.reduce_prod(shape[:batch_dims])  # 1 without batch dims
+        # the batch row's offset, broadcast over the index's own axes
+        offsets = tf.reshape(
+            tf.range(rows) * lanes,
+            tf.concat([shape[:batch_dims], [1] * (indices.shape.rank - batch_dims)], 0),
+        )
+        ids = tf.reshape(idx + tf.cast(offsets, idx.dtype), [-1])
+        seen = tf.cast(materialize(out, mctx.shaped(op.outputs[0])), tf.int32)
+        seen = tf.reshape(seen, tf.concat([[-1], shape[batch_dims + 1 :]], 0))
+        reached = tf.math.unsorted_segment_max(seen, ids, rows * lanes)
+        mask = tf.reshape(tf.greater(reached, 0), shape)
+    return [normalize(mask)] + [NONE] * (len(op.inputs) - 1)
+
+
 class BatchedGather(Structural):
     """``GatherV2``, probed like every gather; with ``batch_dims`` (the
     ``tf.gather(logits, labels, axis=1, batch_dims=1)`` of a cross-entropy) it
@@ -445,7 +512,9 @@ class BatchedGather(Structural):
     the scatter is never used (:func:`mask_broadcasts.within`)."""
 
     def input_masks(self, mctx, node, op, out_masks):
-        masks = super().input_masks(mctx, node, op, out_masks)
+        masks = gathered_lane_masks(mctx, op, out_masks)
+        if masks is None:
+            masks = super().input_masks(mctx, node, op, out_masks)
         batch_dims = op.get_attr("batch_dims")
         found = mb.source_of(out_masks[0])
         if batch_dims > 0 and found is not None and all(ax < batch_dims for ax in found[1]):
