@@ -391,6 +391,165 @@ def test_a_cross_entropy_gather_builds_no_gradient_probe():
     assert_same(got, want)
 
 
+# -- Einsum masks: reduce-transpose-broadcast against TF's own gradient --
+
+EINSUM_CASES = {
+    "projection": ("btd,dhk->bthk", [(2, 3, 4), (4, 2, 5)]),
+    "scores": ("bthk,bshk->bhts", [(2, 3, 2, 4), (2, 5, 2, 4)]),
+    "values": ("bhts,bshk->bthk", [(2, 2, 3, 5), (2, 5, 2, 4)]),
+    "outer": ("i,j->ij", [(3,), (4,)]),
+    "sum_out": ("ij,jk->i", [(3, 4), (4, 2)]),
+    "transposed_out": ("ij,jk->ki", [(3, 4), (4, 2)]),
+    "unary": ("ijk->kj", [(2, 3, 4)]),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("case", sorted(EINSUM_CASES))
+def test_einsum_masks_equal_gradient_masks(case, dynamic):
+    """:func:`einsum_masks` gives each operand the lanes TF's gradient (the
+    probe, every other operand replaced by ones) sends a cotangent to."""
+    from hlo_guard.tf.mask_ops import materialize
+    from hlo_guard.tf.rules.structural import einsum_masks, probe_masks
+
+    equation, shapes = EINSUM_CASES[case]
+    xs = [tf.ones(s) for s in shapes]
+    out_shape = tf.einsum(equation, *xs).shape
+    sig = None
+    if dynamic:
+        sig = [tf.TensorSpec([None] * len(s), tf.float32) for s in shapes]
+        sig.append(tf.TensorSpec([None] * len(out_shape), tf.bool))
+
+    @tf.function(input_signature=sig, autograph=False)
+    def run(*args):
+        *xs, m = args
+        op = tf.einsum(equation, *xs).op
+        assert op.type == "Einsum"
+        new = einsum_masks(_Values(), op, [m])
+        old = probe_masks(_Values(), op, [m], bilinear=True)
+        return (
+            [materialize(a, x) for a, x in zip(new, xs)],
+            [materialize(b, x) for b, x in zip(old, xs)],
+        )
+
+    for m in _random_masks(out_shape, 4):
+        new, old = run(*xs, tf.constant(m))
+        for n, o, x in zip(new, old, xs):
+            assert n.shape == x.shape
+            np.testing.assert_array_equal(n.numpy(), o.numpy())
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("case", sorted(EINSUM_CASES))
+def test_einsum_forward_masks_equal_jvp_masks(case, dynamic):
+    """Forward mode: :func:`einsum_forward_masks` marks the output lanes TF's
+    own JVP (the probe, other operands ones) makes non-zero, for random
+    operand tangent masks, one operand's mask at a time and all together."""
+    from hlo_guard.tf.mask_ops import materialize
+    from hlo_guard.tf.rules.structural import einsum_forward_masks, probe_forward_masks
+
+    equation, shapes = EINSUM_CASES[case]
+    xs = [tf.ones(s) for s in shapes]
+    sig = None
+    if dynamic:
+        sig = [tf.TensorSpec([None] * len(s), tf.float32) for s in shapes]
+        sig += [tf.TensorSpec([None] * len(s), tf.bool) for s in shapes]
+
+    @tf.function(input_signature=sig, autograph=False)
+    def run(*args):
+        xs, ms = args[: len(shapes)], args[len(shapes) :]
+        op = tf.einsum(equation, *xs).op
+        results = []
+        choices = [list(ms)] + [
+            [m if j == i else NONE for j, m in enumerate(ms)] for i in range(len(ms))
+        ]
+        for masks in choices:
+            (new,) = einsum_forward_masks(_Values(), op, masks)
+            (old,) = probe_forward_masks(_Values(), op, masks, bilinear=True)
+            results.append((materialize(new, op.outputs[0]), materialize(old, op.outputs[0])))
+        return results
+
+    rng = np.random.default_rng(5)
+    for p in (0.05, 0.3):
+        ms = [tf.constant(rng.random(s) < p) for s in shapes]
+        for new, old in run(*xs, *ms):
+            np.testing.assert_array_equal(new.numpy(), old.numpy())
+
+
+def test_einsum_masks_leave_diagonals_and_ellipses_to_the_probe():
+    from hlo_guard.tf.rules.structural import einsum_masks
+
+    @tf.function(autograph=False)
+    def run(a, b):
+        ops = [
+            tf.einsum("ii->i", a).op,
+            tf.einsum("...j,jk->...k", a, b).op,
+        ]
+        assert [einsum_masks(_Values(), op, [ALL]) for op in ops] == [None, None]
+        return a
+
+    run(tf.ones((3, 3)), tf.ones((3, 2)))
+
+
+def _attention_loss(wq, wk, x, valid, safe_norm=False):
+    n2 = tf.reduce_sum(x * x, -1, keepdims=True)
+    inner = tf.where(n2 > 0, n2, 1.0) if safe_norm else n2
+    xn = tf.where(n2 > 0, x * tf.math.rsqrt(inner), 0.0)
+    q = tf.einsum("btd,dhk->bthk", xn, wq)
+    k = tf.einsum("btd,dhk->bthk", xn, wk)
+    s = tf.einsum("bthk,bshk->bhts", q, k)
+    s = tf.where(valid[:, None, None, :], s, -1e9)
+    o = tf.einsum("bhts,bshk->bthk", tf.nn.softmax(s, -1), k)
+    return tf.reduce_sum(tf.where(valid, tf.reduce_sum(o * o, [-1, -2]), 0.0))
+
+
+def test_guarded_einsum_attention_gradient_has_no_extra_dots():
+    """The operand masks of an einsum cost no einsum of their own: the guarded
+    attention's gradient has as many ``dot`` instructions as the unguarded
+    one (with the probe it had 8 more of these 12), and equals the double
+    where."""
+    import re
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 6, 8)).astype(np.float32)
+    valid = np.ones((2, 6), bool)
+    valid[:, -2:] = False
+    x[~valid] = 0.0
+    args = [
+        tf.constant(rng.normal(size=(8, 2, 4)) / 3, tf.float32),
+        tf.constant(rng.normal(size=(8, 2, 4)) / 3, tf.float32),
+        tf.constant(x),
+        tf.constant(valid),
+    ]
+
+    def step(loss):
+        def run(wq, wk, x, valid):
+            with tf.GradientTape() as tape:
+                tape.watch([wq, wk, x])
+                y = loss(wq, wk, x, valid)
+            return tape.gradient(y, [wq, wk, x])
+
+        return tf.function(run, jit_compile=True)
+
+    def dots(fn):
+        hlo = fn.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
+        return len(re.findall(r"\bdot\(", hlo))
+
+    guarded = step(hg.guard(_attention_loss))
+    plain = step(_attention_loss)
+    oracle = step(lambda *a: _attention_loss(*a, safe_norm=True))
+    assert not np.isfinite(plain(*args)[2].numpy()).all()
+    for g, w in zip(guarded(*args), oracle(*args)):
+        assert_same(g.numpy(), w.numpy())
+    assert dots(plain) > 0
+    assert dots(guarded) <= dots(plain)
+    # forward mode through the same einsums, tangent in x: the double where's
+    wq, wk, _, valid = args
+    tangent = lambda loss: jvp_of_ones(lambda x: loss(wq, wk, x, valid), args[2])  # noqa: E731
+    oracle_jvp = tangent(lambda *a: _attention_loss(*a, safe_norm=True))
+    assert_same(tangent(hg.guard(_attention_loss)), oracle_jvp)
+
+
 SUM_CASES = [(-1, True), (0, False), ((0, 1), False), (None, True), (1, False)]
 
 

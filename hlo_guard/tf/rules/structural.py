@@ -3,7 +3,7 @@
 For every operation here TF's derivative is a linear map with 0/1 (or
 positive) coefficients -- gather, slices, concat, stack, reshape, transpose,
 broadcast, tile, pad, sums and means -- or becomes one when the other operand
-of a bilinear operation (``Conv2D``; ``MatMul``/``BatchMatMul*`` have their
+of a bilinear operation (``Conv2D``; ``MatMul``/``BatchMatMul*`` and ``Einsum`` have their
 own rule, below) is replaced by ones.  So one generic rule serves them all:
 build a *probe* copy of the operation whose differentiable inputs are zeros, and ask TF's own registered
 gradient (``tf.gradients``) what it sends back for the 0/1 output mask; an
@@ -329,6 +329,135 @@ def _matmul_masks_of_broadcast(op, out, diff, swap_a, swap_b) -> list | None:
         mb.any_over(out, [0], b_shape, lambda ax: 0 if swap_b else 1),
     ]
     return [normalize(m) if d else NONE for m, d in zip(masks, diff)]
+
+
+def _einsum_labels(op) -> tuple[list[str], str] | None:
+    """The operands' and the output's labels of an ``Einsum``, or None when
+    the equation has an ellipsis, no explicit output or a label repeated
+    within one term (a diagonal: ``ii->i``), which the probe serves."""
+    eq = op.get_attr("equation")
+    eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, out = eq.split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(op.inputs) or any(len(set(t)) != len(t) for t in [*terms, out]):
+        return None
+    return terms, out
+
+
+def einsum_masks(mctx, op, out_masks) -> list | None:
+    """Operand masks of an ``Einsum`` without contracting anything, as
+    :func:`matmul_masks` for a matmul.  With every other operand replaced by
+    ones, output lane ``o`` reads every lane of operand ``i`` that agrees with
+    ``o`` on their shared labels: lane ``l`` of the operand is live iff
+    ``any`` of the output mask over the output's labels the operand lacks, at
+    ``l``'s shared labels -- whatever its own contracted labels are.  So:
+    reduce, transpose to the operand's label order, broadcast over its
+    contracted labels.  A recorded broadcast (a row mask through the
+    projections ``btd,dhk->bthk`` of an attention) stays one
+    (:func:`mask_broadcasts.any_over`), so a weight's mask is one bit.  The
+    probe (TF's gradient against ones) costs an einsum as large as the
+    program's own at run time; None for the equations it still serves
+    (:func:`_einsum_labels`)."""
+    labels = _einsum_labels(op)
+    if labels is None:
+        return None
+    terms, out_labels = labels
+    n = len(op.inputs)
+    out = out_masks[0]
+    diff = [is_inexact(t.dtype) for t in op.inputs]
+    if out is NONE or not any(diff):
+        return [NONE] * n
+    if out is ALL:
+        return [ALL if d else NONE for d in diff]
+    result = [NONE] * n
+    with tf.name_scope("hlo_guard_einsum_mask"):
+        for i, term in enumerate(terms):
+            if not diff[i]:
+                continue
+            t = op.inputs[i]
+            lacked = [k for k, c in enumerate(out_labels) if c not in term]
+            shape = mb.static_shape(t)
+            placed = [term.index(c) for c in out_labels if c in term]
+            if shape is not None and placed == sorted(placed):
+                axis_of = dict(zip((k for k, c in enumerate(out_labels) if c in term), placed))
+                found = mb.any_over(out, lacked, shape, axis_of.__getitem__)
+                if found is not None:
+                    result[i] = normalize(found)
+                    continue
+            keep = tf.reduce_any(out, axis=lacked) if lacked else out
+            shared = [c for c in out_labels if c in term]  # keep's axes
+            order = [shared.index(c) for c in term if c in out_labels]
+            if order != list(range(len(order))):
+                keep = tf.transpose(keep, order)
+            for k, c in enumerate(term):
+                if c not in out_labels:
+                    keep = tf.expand_dims(keep, k)
+            if not (shape is not None and keep.shape == shape):
+                keep = tf.broadcast_to(keep, _shape_of(mctx, t))
+            result[i] = normalize(keep)
+    return result
+
+
+def einsum_forward_masks(mctx, op, in_masks) -> list | None:
+    """The output tangent mask of an ``Einsum``, the forward counterpart of
+    :func:`einsum_masks`: with the other operands replaced by ones, output
+    lane ``o`` sums the tangent lanes of operand ``i`` that agree with it on
+    their shared labels, so it is live iff ``any`` of operand ``i``'s mask over
+    its contracted labels, at ``o``'s shared labels -- ORed over operands.
+    None where :func:`_einsum_labels` is."""
+    labels = _einsum_labels(op)
+    if labels is None:
+        return None
+    terms, out_labels = labels
+    masks = [m for m, t in zip(in_masks, op.inputs) if is_inexact(t.dtype)]
+    if all(m is NONE for m in masks):
+        return [NONE]
+    if any(m is ALL for m in masks):
+        return [ALL]  # every output lane reads some lane of that operand
+    found = None
+    with tf.name_scope("hlo_guard_einsum_mask"):
+        for term, m, t in zip(terms, in_masks, op.inputs):
+            if not is_inexact(t.dtype) or m is NONE:
+                continue
+            contracted = [k for k, c in enumerate(term) if c not in out_labels]
+            keep = tf.reduce_any(m, axis=contracted) if contracted else m
+            shared = [c for c in term if c in out_labels]  # keep's axes
+            order = [shared.index(c) for c in out_labels if c in term]
+            if order != list(range(len(order))):
+                keep = tf.transpose(keep, order)
+            for k, c in enumerate(out_labels):
+                if c not in term:
+                    keep = tf.expand_dims(keep, k)
+            found = keep if found is None else tf.logical_or(found, keep)
+        assert found is not None  # some operand's mask is a tensor
+        out = op.outputs[0]
+        if not (out.shape.is_fully_defined() and found.shape == out.shape):
+            found = tf.broadcast_to(found, shape_of(mctx.shaped(out)))
+    return [normalize(found)]
+
+
+class Einsum(Structural):
+    """``Einsum``: a reduce-transpose-broadcast (:func:`einsum_masks`,
+    :func:`einsum_forward_masks`); the
+    equations it does not read (ellipsis, diagonals) are probed, each operand
+    against ones."""
+
+    def __init__(self):
+        super().__init__(_always, guards=True, bilinear=True)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        found = einsum_masks(mctx, op, out_masks)
+        if found is None:
+            return super().input_masks(mctx, node, op, out_masks)
+        return found
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        found = einsum_forward_masks(mctx, op, in_masks)
+        if found is None:
+            return super().forward_masks(mctx, node, op, in_masks)
+        return found
 
 
 class MatMul(Structural):
@@ -740,9 +869,9 @@ def register(table):
         ["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
         Structural(_always, guards=True, bilinear=True),
     )
-    # einsum may read only some lanes (``ii->i``, a trace) and multiplies
-    # operands: probed like a convolution, each operand against ones
-    table.register("Einsum", Structural(_always, guards=True, bilinear=True))
+    # einsum multiplies operands; one with a diagonal (``ii->i``, a trace)
+    # reads only some lanes, and is probed like a convolution
+    table.register("Einsum", Einsum())
     # top-k keeps k lanes; which ones depends on the values, so the probe
     # runs on them (TF's gradient scatters into the chosen indices)
     table.register("TopKV2", Structural(_always, real_values=True))
