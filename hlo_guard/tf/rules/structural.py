@@ -460,6 +460,138 @@ class Einsum(Structural):
         return found
 
 
+def _conv_layout(op) -> tuple[int, int] | None:
+    """``(rank, channel axis)`` of a ``Conv2D``/``Conv3D`` whose input channels
+    equal its filter's (no groups), when both are known at trace time; None
+    otherwise.  The filter is ``[spatial..., in, out]`` in every data format."""
+    x, w = op.inputs[:2]
+    rank = {"Conv2D": 4, "Conv3D": 5}.get(op.type)
+    if rank is None or x.shape.rank != rank or w.shape.rank != rank:
+        return None
+    fmt = op.get_attr("data_format")
+    channel = 1 if (fmt.decode() if isinstance(fmt, bytes) else fmt).startswith("NC") else rank - 1
+    if x.shape[channel] is None or x.shape[channel] != w.shape[-2]:
+        return None
+    return rank, channel
+
+
+def _one_channel(shape: tf.Tensor, axes) -> tf.Tensor:
+    """``shape`` (1-D int32) with the given axes set to 1."""
+    return tf.stack([1 if k in axes else shape[k] for k in range(int(shape.shape[0]))])
+
+
+def conv_masks(mctx, op, out_masks) -> list | None:
+    """Operand masks of a convolution on one channel instead of all of them.
+
+    With the filter replaced by ones, input lane ``(b, p, ci)`` receives from
+    every output lane whose window covers ``p``, for every output channel, and
+    no ``ci`` differs from another: its mask is TF's input gradient of a
+    one-channel copy (input ``[.., 1]``, filter ``[.., 1, 1]``) seeded with the
+    output mask's ``any`` over channels, broadcast over ``ci``.  With the input
+    replaced by ones, filter lane ``(k, ci, co)`` receives from output channel
+    ``co`` wherever tap ``k`` lands inside the input, again whatever ``ci``:
+    the filter gradient of a copy with one input channel, seeded with the whole
+    output mask.  Strides, dilations and padding are the op's own (the copy
+    keeps its attributes) and the gradient is TF's registered one, so edge
+    and stride conventions are TF's; the cost is the convolution's divided by
+    its channel counts, where the probe of :func:`probe_masks` costs a full
+    backward convolution at run time.  None for a grouped convolution or an
+    unknown channel count (the probe serves those)."""
+    layout = _conv_layout(op)
+    if layout is None:
+        return None
+    rank, channel = layout
+    n = len(op.inputs)
+    out = out_masks[0]
+    diff = [is_inexact(t.dtype) for t in op.inputs[:2]]
+    if out is NONE or not any(diff):
+        return [NONE] * n
+    x, w = op.inputs[:2]
+    grad = compat.registered_gradient(op.type)
+    result = [NONE] * n
+    with tf.name_scope("hlo_guard_conv_mask"):
+        x_shape, w_shape = _shape_of(mctx, x), _shape_of(mctx, w)
+        seed = materialize(out, mctx.shaped(op.outputs[0]))
+        if diff[0]:
+            small = copy_op(
+                op,
+                [
+                    tf.zeros(_one_channel(x_shape, [channel]), x.dtype),
+                    tf.ones(_one_channel(w_shape, [rank - 2, rank - 1]), w.dtype),
+                ],
+            )
+            seen = tf.cast(tf.reduce_any(seed, axis=channel, keepdims=True), x.dtype)
+            dx = grad(small, seen)[0]
+            result[0] = normalize(tf.broadcast_to(tf.not_equal(dx, 0), x_shape))
+        if diff[1]:
+            small = copy_op(
+                op,
+                [
+                    tf.ones(_one_channel(x_shape, [channel]), x.dtype),
+                    tf.zeros(_one_channel(w_shape, [rank - 2]), w.dtype),
+                ],
+            )
+            dw = grad(small, tf.cast(seed, w.dtype))[1]
+            result[1] = normalize(tf.broadcast_to(tf.not_equal(dw, 0), w_shape))
+    return result
+
+
+def conv_forward_masks(mctx, op, in_masks) -> list | None:
+    """The output tangent mask of a convolution, on one channel (the forward
+    counterpart of :func:`conv_masks`): an output lane ``(b, q, co)`` sums the
+    input's tangent lanes of every channel in its window, and the filter's
+    tangent lanes of output channel ``co`` at every tap landing inside the
+    input.  So: the op's own convolution of the input mask's ``any`` over
+    channels with a one-channel filter of ones, and of a one-channel input of
+    ones with the filter mask's ``any`` over input channels; ORed."""
+    layout = _conv_layout(op)
+    if layout is None:
+        return None
+    rank, channel = layout
+    x, w = op.inputs[:2]
+    masks = [m if is_inexact(t.dtype) else NONE for m, t in zip(in_masks[:2], (x, w))]
+    if all(m is NONE for m in masks):
+        return [NONE]
+    found = None
+    with tf.name_scope("hlo_guard_conv_mask"):
+        x_shape, w_shape = _shape_of(mctx, x), _shape_of(mctx, w)
+        if masks[0] is not NONE:
+            lanes = materialize(masks[0], mctx.shaped(x))
+            lanes = tf.cast(tf.reduce_any(lanes, axis=channel, keepdims=True), x.dtype)
+            ones = tf.ones(_one_channel(w_shape, [rank - 2, rank - 1]), w.dtype)
+            found = tf.not_equal(copy_op(op, [lanes, ones]).outputs[0], 0)
+        if masks[1] is not NONE:
+            taps = materialize(masks[1], mctx.shaped(w))
+            taps = tf.cast(tf.reduce_any(taps, axis=rank - 2, keepdims=True), w.dtype)
+            ones = tf.ones(_one_channel(x_shape, [channel]), x.dtype)
+            seen = tf.not_equal(copy_op(op, [ones, taps]).outputs[0], 0)
+            found = seen if found is None else tf.logical_or(found, seen)
+        assert found is not None
+        found = tf.broadcast_to(found, shape_of(mctx.shaped(op.outputs[0])))
+    return [normalize(found)]
+
+
+class Conv(Structural):
+    """``Conv2D``/``Conv3D``: masks on one channel (:func:`conv_masks`,
+    :func:`conv_forward_masks`); grouped ones and the rest of the family
+    (``DepthwiseConv2dNative``, ``Conv1D`` as a raw op) keep the probe."""
+
+    def __init__(self):
+        super().__init__(_always, guards=True, bilinear=True)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        found = conv_masks(mctx, op, out_masks)
+        if found is None:
+            return super().input_masks(mctx, node, op, out_masks)
+        return found
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        found = conv_forward_masks(mctx, op, in_masks)
+        if found is None:
+            return super().forward_masks(mctx, node, op, in_masks)
+        return found
+
+
 class MatMul(Structural):
     """``MatMul``/``BatchMatMul*``: a reduce-and-broadcast, no contraction
     (:func:`matmul_masks`)."""
@@ -865,9 +997,9 @@ def register(table):
     table.register("Cumprod", Structural(guards=True, probe_type="Cumsum"))
     # bilinear: the other operand replaced by ones
     table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"], MatMul())
+    table.register(["Conv2D", "Conv3D"], Conv())
     table.register(
-        ["Conv2D", "Conv1D", "Conv3D", "DepthwiseConv2dNative"],
-        Structural(_always, guards=True, bilinear=True),
+        ["Conv1D", "DepthwiseConv2dNative"], Structural(_always, guards=True, bilinear=True)
     )
     # einsum multiplies operands; one with a diagonal (``ii->i``, a trace)
     # reads only some lanes, and is probed like a convolution
