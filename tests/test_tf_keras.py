@@ -75,6 +75,44 @@ def test_fit_masked_sqrt_loss_equals_double_where():
     np.testing.assert_allclose(got_loss, expected_loss, rtol=1e-6)
 
 
+def _convnet(seed=0):
+    """Conv2D, max and average pooling, a transposed convolution: the image
+    ops of ``tests/test_tf_image_ops.py`` as Keras builds them."""
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            layers.Conv2D(3, 3, padding="same", activation="relu"),
+            layers.MaxPooling2D(2),
+            layers.Conv2DTranspose(2, 3, strides=2, padding="same"),
+            layers.AveragePooling2D(4),
+            layers.Flatten(),
+            layers.Dense(4),
+        ]
+    )
+
+
+def test_fit_convnet_masked_sqrt_loss_equals_double_where():
+    """A convolutional model trained with ``fit(jit_compile=True)``: the
+    guarded training equals the double where's, weight for weight; the
+    report of the guarded loss lists nothing unguarded (MaxPool, AvgPool and
+    Conv2DBackpropInput have rules)."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(6, 8, 8, 1)).astype("float32")
+    x[2] = 0.0  # outputs exactly 0 at the start (biases are 0)
+    plain, _ = _fit(_convnet(), masked_sqrt_loss, hook=False, x=x)
+    assert any(np.isnan(w).any() for w in plain)
+    expected, expected_loss = _fit(_convnet(), masked_sqrt_loss_oracle, hook=False, x=x)
+    got, got_loss = _fit(_convnet(), masked_sqrt_loss, hook=True, x=x)
+    _assert_same_weights(got, expected)
+    np.testing.assert_allclose(got_loss, expected_loss, rtol=1e-6)
+    model = _convnet()
+    y = tf.ones((6, 4))
+    report = hg.report(hg.guard(lambda x: masked_sqrt_loss(y, model(x))), tf.constant(x))
+    assert not report.unguarded, str(report)
+
+
 class LogRegressor(hg.keras.GuardedTrainStep, keras.Model):
     """Subclassed model (mixin) predicting positive values."""
 

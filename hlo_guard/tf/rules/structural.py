@@ -1007,6 +1007,33 @@ def register(table):
     # top-k keeps k lanes; which ones depends on the values, so the probe
     # runs on them (TF's gradient scatters into the chosen indices)
     table.register("TopKV2", Structural(_always, real_values=True))
+    # max pooling keeps each window's maximum, as top-k does: probed on the
+    # values (``MaxPoolGrad`` routes the cotangent to the window's argmax)
+    table.register(["MaxPool", "MaxPoolV2", "MaxPool3D"], Structural(_always, real_values=True))
+    # average pooling, resizing, and the space/batch shuffles of a dilated
+    # convolution: linear with non-negative weights; a window, a stride, a
+    # downscale or a crop can leave lanes unread, and the shuffles' padding
+    # creates lanes.  Not ``ResizeBicubic``: its kernel has negative lobes, so
+    # the probe's sum of weights could cancel to zero on a lane it reads
+    # (no rule: conservative, and reported)
+    table.register(
+        [
+            "AvgPool",
+            "AvgPool3D",
+            "ResizeBilinear",
+            "ResizeNearestNeighbor",
+            "BatchToSpaceND",
+            "BatchToSpace",
+        ],
+        Structural(_always),
+    )
+    table.register(["SpaceToBatchND", "SpaceToBatch"], Structural(_always, creates=True))
+    # a transposed convolution (Keras Conv2DTranspose): bilinear in the filter
+    # and the image, probed like a convolution, each operand against ones
+    table.register(
+        ["Conv2DBackpropInput", "Conv3DBackpropInputV2"],
+        Structural(_always, guards=True, bilinear=True),
+    )
     # lanes mix nonlinearly along an axis: not followed
     for name in [
         "Softmax",
