@@ -50,6 +50,8 @@ class Report:
     function: str
     sites: Sequence[SiteRecord] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what the user should know beside the sites (a custom gradient set aside)
+    notes: Sequence[str] = field(default_factory=list)
 
     @property
     def guards(self) -> list[SiteRecord]:
@@ -68,6 +70,7 @@ class Report:
             "function": self.function,
             "counts": self.counts(),
             "sites": [s.to_dict() for s in self.sites],
+            **({"notes": list(self.notes)} if self.notes else {}),
             **({"extra": self.extra} if self.extra else {}),
         }
 
@@ -98,6 +101,7 @@ class Report:
             for o in s.origins:
                 meaning = f": {o.meaning}" if o.meaning else ""
                 lines.append(f"         dead lanes from {o.op} at {o.location}{meaning}")
+        lines.extend(f"  NOTE  {note}" for note in self.notes)
         return "\n".join(lines)
 
     def __str__(self) -> str:

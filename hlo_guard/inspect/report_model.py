@@ -80,8 +80,8 @@ def _origin_head(o: OriginRecord) -> str:
 @dataclass
 class ExplainReport(Report):
     signature: str = ""
-    #: remarks on the function as a whole (an aux output keeping lanes live)
-    notes: list[str] = field(default_factory=list)
+    # ``notes`` (the base's): remarks on the function as a whole (an aux
+    # output keeping lanes live)
     _dumps: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):

@@ -170,6 +170,29 @@ def registered_gradient(op_type: str):
     return ops.gradient_registry.lookup(op_type)
 
 
+def custom_gradient_function(override_name: str):
+    """The gradient function a ``tf.custom_gradient`` gave TF under
+    ``override_name`` (a graph's ``IdentityN`` ``_gradient_op_type``), or
+    None when the registered function is not ``custom_gradient``'s wrapper.
+    In graph mode TF registers ``internal_grad_fn``, which closes over
+    ``tape_grad_fn``, which closes over the user's ``grad_fn``."""
+    from tensorflow.python.framework import ops
+
+    try:
+        fn = ops.gradient_registry.lookup(override_name)
+    except LookupError:
+        return None
+    for wrapper in ("tape_grad_fn", "grad_fn"):
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+        cell = cells.get(wrapper)
+        if cell is None:
+            return None
+        fn = cell.cell_contents
+        if not callable(fn):
+            return None
+    return fn
+
+
 def copy_handle_data(source, target) -> None:
     """Copy a resource tensor's handle data (the shape and dtype of the
     variable behind it) onto another resource tensor, as TF's control-flow

@@ -36,3 +36,5 @@ class BuildRecord:
     output_guards: list[AppliedGuard] = field(default_factory=list)
     #: contractions given a masked gradient: (op name, masked operand indices)
     contractions: list[tuple[str, list[int]]] = field(default_factory=list)
+    #: what the report should say besides its sites (a custom gradient set aside)
+    notes: list[str] = field(default_factory=list)

@@ -75,6 +75,7 @@ def build_report(record: BuildRecord, function: str) -> TFReport:
         function,
         sites,
         extra={"ops": graph.node_count() if graph is not None else 0, "rule_table": RULES.name},
+        notes=list(record.notes),
     )
 
 

@@ -449,6 +449,7 @@ def build_guarded(
     outputs, record = _guard_graph(
         ops, outputs, traced.graph_def.library, traced.locations, traced.body_locations, prefix, 0
     )
+    record.notes.extend(traced.notes)
     attach_shaped_bodies(ops, traced.shaped_functions)
     if localize_constants:
         replaced = local_constants.localize(ops)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hlo_guard.tf import compat
+from hlo_guard.tf.custom_gradients import set_aside_true_derivatives
 from hlo_guard.tf.inner_gradients import check_no_inner_gradient
 from hlo_guard.tf.locations import user_location
 
@@ -42,6 +43,8 @@ class TracedFunction:
     #: ``While`` gradient needs to rebuild its body with static shapes
     #: (:func:`hlo_guard.tf.loop_bodies.attach_shaped_bodies`)
     shaped_functions: dict[str, Any] = field(default_factory=dict)
+    #: report notes: custom gradients set aside (:mod:`hlo_guard.tf.custom_gradients`)
+    notes: list[str] = field(default_factory=list)
 
 
 def inline_calls(concrete, fetch: Sequence[str]):
@@ -76,6 +79,7 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
     )
     body_locations: dict[str, dict[str, str]] = {}
     locations = _locations(graph, body_locations)
+    notes = set_aside_true_derivatives(graph_def, locations)
     shaped = {}
     if any(n.op in WHILE_OPS for n in graph_def.node) or any(
         n.op in WHILE_OPS for f in graph_def.library.function for n in f.node_def
@@ -92,6 +96,7 @@ def trace(tf_fn, args, kwargs) -> TracedFunction:
         locations,
         body_locations,
         shaped,
+        notes,
     )
 
 
