@@ -41,7 +41,7 @@ from hlo_guard.tf.mask_ops import (
 )
 from hlo_guard.tf.opcopy import copy_op
 from hlo_guard.tf.rules.base import TFRule, forward_placed, joined
-from passes.lattice import LIVE, partial_by
+from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
 from passes.masks import ALL, NONE
 from passes.tangent_gaps import is_partly_zero, note_unfollowed
 
@@ -689,6 +689,100 @@ class Summing(Structural):
         return [normalize(tf.reduce_any(m, axis=mctx.value(op.inputs[1]), keepdims=keep))]
 
 
+def _rows_of(mctx, m, like: tf.Tensor):
+    """``m`` ORed along its last axis and spread back over it, at ``like``'s
+    shape: a row is live in every lane iff it is live in one.  A recorded
+    broadcast stays one (:func:`mask_broadcasts.any_over`)."""
+    if is_sentinel(m):
+        return m
+    shape = mb.static_shape(like)
+    if shape is not None:
+        found = mb.any_over(m, [len(shape) - 1], shape, lambda ax: ax)
+        if found is not None:
+            return normalize(found)
+    with tf.name_scope("hlo_guard_row_mask"):
+        row = tf.reduce_any(m, axis=-1, keepdims=True)
+        return normalize(tf.broadcast_to(row, _shape_of(mctx, like)))
+
+
+def _forward_not_followed(fa, node, ins):
+    """Forward mode through a softmax row is not followed lane by lane: a
+    lane whose softmax weight is 0 (a ``-inf`` logit, the masked
+    attention's) has an exactly zero tangent that the input tangents' masks
+    do not show.  Outputs fully live, and a partly zero tangent arriving is
+    noted, as for an op without a rule (:meth:`Conservative.forward`)."""
+    return _FORWARD_NOT_FOLLOWED.forward(fa, node, ins)
+
+
+class RowMixing(Structural):
+    """``Softmax``/``LogSoftmax``: every lane of a row feeds every output lane
+    of that row (``y (ct - sum(ct y))``), and no other row.  A row with one
+    live output lane is live in every input lane; a dead row stays dead, and
+    its NaN (the softmax of a row of ``-inf``) is discarded where the row
+    meets live computation.  The derivative reads the values: guarded.
+    Forward mode is not followed (:func:`_forward_not_followed`)."""
+
+    def __init__(self):
+        super().__init__(guards=True)
+
+    def input_masks(self, mctx, node, op, out_masks):
+        return [_rows_of(mctx, out_masks[0], op.inputs[0])]
+
+    def forward(self, fa, node, ins):
+        return _forward_not_followed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        return [ALL] * len(op.outputs)
+
+
+class CrossEntropy(Structural):
+    """``SoftmaxCrossEntropyWithLogits``/``SparseSoftmaxCrossEntropyWithLogits``
+    (Keras's categorical cross-entropies from logits): ``loss[b]`` and
+    ``backprop[b, :]`` read the logits (and dense labels) of row ``b`` only,
+    every lane of it.  So a logits row is live iff its loss lane or any lane
+    of its backprop row is: a padded token's row dead under
+    ``where(valid, loss, 0)``.  Guarded: the derivative is ``softmax -
+    labels``, a NaN where the logits hold ``-inf``.  Forward mode is not
+    followed (:func:`_forward_not_followed`)."""
+
+    def __init__(self):
+        super().__init__(guards=True)
+
+    def transfer(self, analysis, node, outs):
+        """As a structural rule, except that an unused ``backprop`` output
+        (the usual case: TF's gradient reads it, the user does not) drops no
+        lane -- every logit also feeds the loss."""
+        op = analysis.graph.op(node)
+        reached = [o for o in outs if o.reaches_output]
+        if not reached:
+            return [NO_DERIVATIVE] * len(op.inputs)
+        out = joined(reached).without_partition()
+        return [out if is_inexact(t.dtype) else NO_DERIVATIVE for t in op.inputs]
+
+    @staticmethod
+    def _row_mask(mctx, op, loss_mask, backprop_mask):
+        """The ``[B, C]`` mask of rows whose loss or backprop lanes are live."""
+        logits = op.inputs[0]
+        if loss_mask is ALL or backprop_mask is ALL:
+            return ALL
+        rows = _rows_of(mctx, backprop_mask, logits)
+        if loss_mask is NONE:
+            return rows
+        with tf.name_scope("hlo_guard_row_mask"):
+            spread = tf.broadcast_to(tf.expand_dims(loss_mask, -1), _shape_of(mctx, logits))
+            return normalize(spread if rows is NONE else tf.logical_or(spread, rows))
+
+    def input_masks(self, mctx, node, op, out_masks):
+        row = self._row_mask(mctx, op, *out_masks[:2])
+        return [row if is_inexact(t.dtype) else NONE for t in op.inputs]
+
+    def forward(self, fa, node, ins):
+        return _forward_not_followed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        return [ALL] * len(op.outputs)
+
+
 class Transpose(Structural):
     lane_local = True
 
@@ -911,6 +1005,9 @@ def _scatter_update_drops(op, i):
     return True  # overwritten operand lanes; updates may collide
 
 
+_FORWARD_NOT_FOLLOWED = Conservative("softmax rows: forward mode not followed")
+
+
 def register(table):
     table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
     table.register("Transpose", Transpose())
@@ -1034,12 +1131,13 @@ def register(table):
         ["Conv2DBackpropInput", "Conv3DBackpropInputV2"],
         Structural(_always, guards=True, bilinear=True),
     )
+    # lanes mix within a row (the last axis) and nowhere else
+    table.register(["Softmax", "LogSoftmax"], RowMixing())
+    table.register(
+        ["SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"], CrossEntropy()
+    )
     # lanes mix nonlinearly along an axis: not followed
     for name in [
-        "Softmax",
-        "LogSoftmax",
-        "SoftmaxCrossEntropyWithLogits",
-        "SparseSoftmaxCrossEntropyWithLogits",
         "Sort",
         "Cholesky",
         "MatrixInverse",
