@@ -4,6 +4,7 @@ from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules import (
     calls,
     elementwise,
+    linalg,
     passthrough,
     pvary,
     selection,
@@ -14,6 +15,7 @@ elementwise.register(RULES)
 selection.register(RULES)
 structural.register(RULES)
 calls.register(RULES)
+linalg.register(RULES)
 passthrough.register(RULES)
 pvary.register(RULES)  # after passthrough: pvary masks are OR-ed over its axes
 

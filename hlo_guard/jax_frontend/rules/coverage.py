@@ -30,20 +30,14 @@ CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
     **{
         name: _LINALG
         for name in (
-            "cholesky",
             "cholesky_update",
             "eig",
-            "eigh",
-            "lu",
-            "qr",
             "geqrf",
             "geqp3",
             "householder_product",
             "ormqr",
-            "svd",
             "schur",
             "hessenberg",
-            "triangular_solve",
             "tridiagonal",
             "tridiagonal_solve",
             "symmetric_product",

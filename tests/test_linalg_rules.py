@@ -1,0 +1,101 @@
+"""Matrix decompositions and solves (``hlo_guard/jax_frontend/rules/linalg.py``):
+a batch element none of whose output lanes is used is dead in every lane, so
+the NaN of its decomposition (a matrix that is not positive definite,
+repeated eigenvalues, a zero pivot) stays out of the gradient; a matrix with
+one live output lane is live in every lane.  Oracles: the double where
+(dead batch elements replaced by a harmless matrix before the
+decomposition) and the plain program where nothing is structurally dead."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hlo_guard
+
+VALID = jnp.array([True, False, True])
+
+
+def _batch(good, bad):
+    return jnp.stack([jnp.asarray(good[0]), jnp.asarray(bad), jnp.asarray(good[1])])
+
+
+SPD = ([[4.0, 1.0], [1.0, 3.0]], [[2.0, 0.5], [0.5, 5.0]])
+
+CASES = {
+    # the dead element is not positive definite: its Cholesky factor is NaN
+    "cholesky": (
+        lambda a: jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(a), axis1=-2, axis2=-1)), -1),
+        _batch(SPD, [[1.0, 2.0], [2.0, 1.0]]),
+    ),
+    # repeated eigenvalues: the eigenvector derivative divides by w_i - w_j = 0
+    "eigh": (
+        lambda a: jnp.sum(jnp.linalg.eigh(a)[1][..., 0] ** 2 * jnp.arange(1.0, 3.0), -1),
+        _batch(SPD, [[1.0, 0.0], [0.0, 1.0]]),
+    ),
+    # repeated singular values, the same division
+    "svd": (
+        lambda a: jnp.sum(jnp.linalg.svd(a)[0][..., 0] * jnp.arange(1.0, 3.0), -1),
+        _batch(SPD, [[2.0, 0.0], [0.0, 2.0]]),
+    ),
+    # a zero on the diagonal: the solve divides by it
+    "triangular_solve": (
+        lambda a: jnp.sum(
+            jax.scipy.linalg.solve_triangular(a, jnp.ones(a.shape[:-1])[..., None], lower=True),
+            (-2, -1),
+        ),
+        _batch(SPD, [[0.0, 0.0], [1.0, 1.0]]),
+    ),
+    # a QR of a rank-deficient matrix: R's derivative divides by its zero diagonal
+    "qr": (
+        lambda a: jnp.sum(jnp.diagonal(jnp.linalg.qr(a)[1], axis1=-2, axis2=-1) ** 3, -1),
+        _batch(SPD, [[0.0, 0.0], [0.0, 0.0]]),
+    ),
+}
+
+
+def masked(case, safe=False):
+    body, _ = CASES[case]
+
+    def f(a):
+        if safe:
+            a = jnp.where(VALID[:, None, None], a, jnp.eye(2) * jnp.array([1.0, 2.0]))
+        return jnp.sum(jnp.where(VALID, body(a), 0.0))
+
+    return f
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_dead_batch_element_is_dead_in_every_lane(case):
+    _, a = CASES[case]
+    f, oracle = masked(case), masked(case, safe=True)
+    plain = jax.grad(f)(a)
+    assert not np.isfinite(np.asarray(plain)).all(), "plain program should leak"
+    want = jax.grad(oracle)(a)
+    assert np.isfinite(np.asarray(want)).all()
+    g = hlo_guard.guard(f)
+    for got in (jax.grad(g)(a), jax.jit(jax.grad(g))(a)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert jnp.array_equal(g(a), f(a), equal_nan=True)
+    report = hlo_guard.explain(f, a)
+    assert not report.unguarded, str(report)
+
+
+def test_a_dead_cholesky_batch_element_in_forward_mode_and_second_order():
+    _, a = CASES["cholesky"]
+    f, oracle = masked("cholesky"), masked("cholesky", safe=True)
+    g = hlo_guard.guard(f)
+    np.testing.assert_allclose(jax.jacfwd(g)(a), jax.jacfwd(oracle)(a), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.hessian(g)(a), jax.hessian(oracle)(a), rtol=1e-4, atol=1e-5)
+
+
+def test_a_matrix_with_one_live_output_lane_is_live_in_every_lane():
+    """Only ``L[0, 0]`` of each factor is read: every other output lane is
+    dead, but the derivative mixes each matrix, so nothing is structurally
+    zero and the guarded gradient is the plain one."""
+    a = _batch(SPD, [[3.0, 1.0], [1.0, 2.0]])
+
+    def f(a):
+        return jnp.sum(jnp.sqrt(jnp.linalg.cholesky(a)[:, 0, 0]))
+
+    np.testing.assert_array_equal(jax.grad(hlo_guard.guard(f))(a), jax.grad(f)(a))
