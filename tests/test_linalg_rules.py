@@ -46,6 +46,11 @@ CASES = {
         ),
         _batch(SPD, [[0.0, 0.0], [1.0, 1.0]]),
     ),
+    # an LU of a singular matrix: the factors' derivative divides by the zero pivot
+    "lu": (
+        lambda a: jnp.sum(jax.lax.linalg.lu(a)[0][..., 1, :] * jnp.arange(1.0, 3.0), -1),
+        _batch(SPD, [[0.0, 0.0], [0.0, 0.0]]),
+    ),
     # a QR of a rank-deficient matrix: R's derivative divides by its zero diagonal
     "qr": (
         lambda a: jnp.sum(jnp.diagonal(jnp.linalg.qr(a)[1], axis1=-2, axis2=-1) ** 3, -1),
