@@ -2,7 +2,8 @@
 a batch element none of whose output lanes is used is dead in every lane, so
 the NaN of its decomposition (a matrix that is not positive definite,
 repeated eigenvalues, a zero pivot) stays out of the gradient; a matrix with
-one live output lane is live in every lane.  Oracles: the double where
+one live output lane is live in every lane, and the site is reported (lanes
+within a matrix are not followed).  Oracles: the double where
 (dead batch elements replaced by a harmless matrix before the
 decomposition) and the plain program where nothing is structurally dead."""
 
@@ -82,8 +83,11 @@ def test_a_dead_batch_element_is_dead_in_every_lane(case):
     for got in (jax.grad(g)(a), jax.jit(jax.grad(g))(a)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     assert jnp.array_equal(g(a), f(a), equal_nan=True)
+    # reported, as an op without a rule is: lanes within a matrix are not followed
     report = hlo_guard.explain(f, a)
-    assert not report.unguarded, str(report)
+    names = {s.op for s in report.unguarded}
+    assert any(case in n for n in names), str(report)
+    assert all("within one matrix" in s.reason for s in report.unguarded), str(report)
 
 
 def test_a_dead_cholesky_batch_element_in_forward_mode_and_second_order():
@@ -96,11 +100,34 @@ def test_a_dead_cholesky_batch_element_in_forward_mode_and_second_order():
 
 def test_a_matrix_with_one_live_output_lane_is_live_in_every_lane():
     """Only ``L[0, 0]`` of each factor is read: every other output lane is
-    dead, but the derivative mixes each matrix, so nothing is structurally
-    zero and the guarded gradient is the plain one."""
+    dead, the matrix is kept live (no lane guarded), the gradient is the
+    plain one, and the report says lanes within the matrix are not followed."""
     a = _batch(SPD, [[3.0, 1.0], [1.0, 2.0]])
 
     def f(a):
         return jnp.sum(jnp.sqrt(jnp.linalg.cholesky(a)[:, 0, 0]))
 
     np.testing.assert_array_equal(jax.grad(hlo_guard.guard(f))(a), jax.grad(f)(a))
+    report = hlo_guard.explain(f, a)
+    assert any("within one matrix" in s.reason for s in report.unguarded), str(report)
+
+
+def test_an_unread_triangle_is_reported_not_silent():
+    """``triangular_solve`` never reads the upper triangle of ``a``: a NaN
+    made there meets a zero cotangent.  Lanes within a matrix are not
+    followed, so the guarded gradient keeps the plain program's NaN -- and
+    the report must say so (it would be a silent miss otherwise)."""
+    x = jnp.array([[4.0, 0.0], [1.0, 2.0]])
+
+    def f(x):
+        a = jnp.tril(x) + jnp.triu(jnp.sqrt(x), 1)  # sqrt'(0) on the unread entry
+        return jnp.sum(jax.scipy.linalg.solve_triangular(a, jnp.ones((2, 1)), lower=True))
+
+    plain = jax.grad(f)(x)
+    assert np.isnan(np.asarray(plain)).any()
+    got = jax.grad(hlo_guard.guard(f))(x)
+    assert np.isnan(np.asarray(got)).any()
+    report = hlo_guard.explain(f, x)
+    assert any(
+        "triangular_solve" in s.op and "within one matrix" in s.reason for s in report.unguarded
+    ), str(report)

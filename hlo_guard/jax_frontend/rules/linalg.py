@@ -11,12 +11,14 @@ of a matrix that is not positive definite) is discarded where it meets live
 computation, as for any other hazard.
 
 So: an output mask reduced over its matrix axes, ORed over the outputs, and
-spread over each operand's matrix axes.  Forward mode is not followed lane by
+spread over each operand's matrix axes.  Within a matrix nothing is followed --
+some decompositions never read a triangle, a solve's columns are independent
+-- so, as for an op without a rule, the site is reported whenever a
+derivative flows through it (:meth:`MatrixMixing._report`).  Forward mode is not followed lane by
 lane (a Cholesky factor's upper triangle has a zero tangent whatever comes
 in): as for an op without a rule, the outputs' tangents are taken as live and
 a partly zero tangent arriving is noted, so a singular op after it is
-reported.  An output nobody uses drops no lane (every operand lane feeds every
-output), unlike the generic conservative rule's report.
+reported.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.mask_ops import normalize, xp
 from hlo_guard.jax_frontend.rules.base import aval_shape
 from hlo_guard.jax_frontend.rules.structural import Conservative, _place
-from passes.lattice import NO_DERIVATIVE, join_all
+from passes.lattice import NO_DERIVATIVE, join_all, partial_by
 from passes.masks import ALL, NONE
 
 #: decompositions and solves over the last two axes, batched over the rest
@@ -49,12 +51,32 @@ class MatrixMixing(Conservative):
         eqn = analysis.graph.eqns[node]
         reached = [o for o in outs if o.reaches_output]
         out = join_all(reached).without_partition() if reached else None
+        if out is not None:
+            self._report(analysis, node, eqn, out)
         return [
             out
             if out is not None and not is_literal(v) and is_inexact_aval(v.aval)
             else NO_DERIVATIVE
             for v in eqn.invars
         ]
+
+    @staticmethod
+    def _report(analysis, node, eqn, out) -> None:
+        """Within a matrix, lanes are not followed: a triangle the operation
+        does not read (``triangular_solve``'s other half, a Cholesky without
+        symmetrisation), a column of ``b`` no live output column reaches,
+        an ``R`` entry a QR column cannot reach -- those are kept live, and
+        a singular op behind them is unguarded.  So, as for an op without a
+        rule, the site is reported whenever a derivative flows through it;
+        the difference is that a wholly dead batch element is guarded."""
+        name = eqn.primitive.name
+        reason = (
+            f"{name}: lanes within one matrix are not followed (a triangle or column it "
+            "does not read is kept live); only a wholly dead batch element is guarded"
+        )
+        if out.is_live:
+            out = partial_by(analysis.graph.origin(node))
+        analysis.note_unreached(node, reason, out)
 
     def input_masks(self, mctx, node, eqn, out_masks):
         nb = self._batch_rank(eqn)
