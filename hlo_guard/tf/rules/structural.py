@@ -783,6 +783,71 @@ class CrossEntropy(Structural):
         return [ALL] * len(op.outputs)
 
 
+class MatrixMixing(Structural):
+    """Decompositions, inverses, determinants and solves over the last two
+    axes, batched over the rest (``Cholesky``, ``MatrixInverse``, ``Svd``,
+    ``SelfAdjointEigV2`` ...), as the JAX rule
+    (``hlo_guard/jax_frontend/rules/linalg.py``): a batch element none of
+    whose output lanes is live is dead in every lane, and its NaN (a matrix
+    that is not positive definite, a singular one) is discarded where it meets
+    live computation; a matrix with one live output lane is kept live in
+    every lane.  Lanes within a matrix are not followed, so the site is
+    reported whenever a derivative flows through it.  Forward mode is not
+    followed (:func:`_forward_not_followed`)."""
+
+    def __init__(self):
+        super().__init__(guards=True)
+
+    def transfer(self, analysis, node, outs):
+        op = analysis.graph.op(node)
+        reached = [o for o in outs if o.reaches_output]
+        if not reached:
+            return [NO_DERIVATIVE] * len(op.inputs)
+        out = joined(reached).without_partition()
+        analysis.note_unreached(
+            node,
+            f"{op.type}: lanes within one matrix are not followed (kept live); only a "
+            "wholly dead batch element is guarded",
+            partial_by(analysis.graph.origin(node)) if out.is_live else out,
+        )
+        return [out if is_inexact(t.dtype) else NO_DERIVATIVE for t in op.inputs]
+
+    def input_masks(self, mctx, node, op, out_masks):
+        batch_rank = op.inputs[0].shape.rank
+        shapes = [t.shape for t in op.inputs]
+        if batch_rank is None or any(
+            sh.rank is None or sh[:-2] != shapes[0][:-2] or not sh[:-2].is_fully_defined()
+            for sh in shapes
+        ):
+            return [ALL if is_inexact(t.dtype) else NONE for t in op.inputs]  # broadcast batch
+        batch_rank -= 2
+        batch = NONE
+        with tf.name_scope("hlo_guard_matrix_mask"):
+            for t, m in zip(op.outputs, out_masks):
+                if m is NONE or not is_inexact(t.dtype):
+                    continue
+                if m is ALL:
+                    batch = ALL
+                    break
+                axes = list(range(batch_rank, t.shape.rank))
+                reduced = tf.reduce_any(m, axis=axes) if axes else m
+                batch = reduced if batch is NONE else tf.logical_or(batch, reduced)
+            masks = []
+            for t in op.inputs:
+                if not is_inexact(t.dtype) or batch is NONE or batch is ALL:
+                    masks.append(batch if is_inexact(t.dtype) else NONE)
+                    continue
+                spread = tf.reshape(batch, tf.concat([tf.shape(batch), [1, 1]], 0))
+                masks.append(normalize(tf.broadcast_to(spread, _shape_of(mctx, t))))
+        return masks
+
+    def forward(self, fa, node, ins):
+        return _forward_not_followed(fa, node, ins)
+
+    def forward_masks(self, mctx, node, op, in_masks):
+        return [ALL] * len(op.outputs)
+
+
 class Transpose(Structural):
     lane_local = True
 
@@ -1137,14 +1202,21 @@ def register(table):
         ["SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"], CrossEntropy()
     )
     # lanes mix nonlinearly along an axis: not followed
+    table.register(
+        [
+            "Cholesky",
+            "MatrixInverse",
+            "MatrixDeterminant",
+            "LogMatrixDeterminant",
+            "MatrixSolve",
+            "Svd",
+            "Qr",
+            "SelfAdjointEigV2",
+        ],
+        MatrixMixing(),
+    )
     for name in [
         "Sort",
-        "Cholesky",
-        "MatrixInverse",
-        "MatrixDeterminant",
-        "Svd",
-        "Qr",
-        "SelfAdjointEigV2",
         "FusedBatchNormV3",
         "FusedBatchNorm",
     ]:
