@@ -410,7 +410,8 @@ def test_einsum_masks_equal_gradient_masks(case, dynamic):
     """:func:`einsum_masks` gives each operand the lanes TF's gradient (the
     probe, every other operand replaced by ones) sends a cotangent to."""
     from hlo_guard.tf.mask_ops import materialize
-    from hlo_guard.tf.rules.structural import einsum_masks, probe_masks
+    from hlo_guard.tf.rules.products import einsum_masks
+    from hlo_guard.tf.rules.structural import probe_masks
 
     equation, shapes = EINSUM_CASES[case]
     xs = [tf.ones(s) for s in shapes]
@@ -446,7 +447,8 @@ def test_einsum_forward_masks_equal_jvp_masks(case, dynamic):
     own JVP (the probe, other operands ones) makes non-zero, for random
     operand tangent masks, one operand's mask at a time and all together."""
     from hlo_guard.tf.mask_ops import materialize
-    from hlo_guard.tf.rules.structural import einsum_forward_masks, probe_forward_masks
+    from hlo_guard.tf.rules.products import einsum_forward_masks
+    from hlo_guard.tf.rules.structural import probe_forward_masks
 
     equation, shapes = EINSUM_CASES[case]
     xs = [tf.ones(s) for s in shapes]
@@ -477,7 +479,7 @@ def test_einsum_forward_masks_equal_jvp_masks(case, dynamic):
 
 
 def test_einsum_masks_leave_diagonals_and_ellipses_to_the_probe():
-    from hlo_guard.tf.rules.structural import einsum_masks
+    from hlo_guard.tf.rules.products import einsum_masks
 
     @tf.function(autograph=False)
     def run(a, b):
@@ -520,12 +522,8 @@ def test_conv_masks_equal_gradient_masks(case):
     gradient of the full probe sends a cotangent to, and the forward masks
     the lanes the full probe's JVP makes non-zero."""
     from hlo_guard.tf.mask_ops import materialize
-    from hlo_guard.tf.rules.structural import (
-        conv_forward_masks,
-        conv_masks,
-        probe_forward_masks,
-        probe_masks,
-    )
+    from hlo_guard.tf.rules.products import conv_forward_masks, conv_masks
+    from hlo_guard.tf.rules.structural import probe_forward_masks, probe_masks
 
     x_shape, w_shape, kwargs = CONV_CASES[case]
     out_shape = _conv(tf.ones(x_shape), tf.ones(w_shape), kwargs).shape
@@ -555,7 +553,7 @@ def test_conv_masks_equal_gradient_masks(case):
 
 
 def test_grouped_conv_is_left_to_the_probe():
-    from hlo_guard.tf.rules.structural import conv_forward_masks, conv_masks
+    from hlo_guard.tf.rules.products import conv_forward_masks, conv_masks
 
     @tf.function(autograph=False)
     def run(x, w):

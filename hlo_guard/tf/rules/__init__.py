@@ -1,6 +1,6 @@
 """The TF rule table, keyed by op type (``tf.Operation.type``)."""
 
-from hlo_guard.tf.rules import control_flow, elementwise, selection, structural
+from hlo_guard.tf.rules import control_flow, elementwise, mixing, products, selection, structural
 from passes.rules import Rule, RuleTable
 
 
@@ -21,6 +21,8 @@ RULES = TFRuleTable("tensorflow")
 elementwise.register(RULES)
 selection.register(RULES)
 structural.register(RULES)
+products.register(RULES)
+mixing.register(RULES)
 control_flow.register(RULES)
 
 __all__ = ["RULES"]

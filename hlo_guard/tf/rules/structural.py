@@ -13,7 +13,8 @@ duplicate indices) without restating them, and it works for dynamic shapes.
 
 Reshape-like operations keep a cheaper boolean reshape/transpose, and
 matrix products a boolean reduce-and-broadcast (:class:`MatMul`): probing them
-would cost a matmul as large as the program's own.  A gather along its first
+would cost a matmul as large as the program's own (``Einsum`` and the
+convolutions likewise: :mod:`hlo_guard.tf.rules.products`).  A gather along its first
 axis after the batch dimensions (a table lookup, a cross-entropy's label pick)
 sends its mask by a segment max with its gradient's own flattening
 (:func:`gathered_lane_masks`): the batched gradient is some hundred ops,
@@ -41,7 +42,7 @@ from hlo_guard.tf.mask_ops import (
 )
 from hlo_guard.tf.opcopy import copy_op
 from hlo_guard.tf.rules.base import TFRule, forward_placed, joined
-from passes.lattice import LIVE, NO_DERIVATIVE, partial_by
+from passes.lattice import LIVE, partial_by
 from passes.masks import ALL, NONE
 from passes.tangent_gaps import is_partly_zero, note_unfollowed
 
@@ -331,267 +332,6 @@ def _matmul_masks_of_broadcast(op, out, diff, swap_a, swap_b) -> list | None:
     return [normalize(m) if d else NONE for m, d in zip(masks, diff)]
 
 
-def _einsum_labels(op) -> tuple[list[str], str] | None:
-    """The operands' and the output's labels of an ``Einsum``, or None when
-    the equation has an ellipsis, no explicit output or a label repeated
-    within one term (a diagonal: ``ii->i``), which the probe serves."""
-    eq = op.get_attr("equation")
-    eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
-    if "->" not in eq or "." in eq:
-        return None
-    lhs, out = eq.split("->")
-    terms = lhs.split(",")
-    if len(terms) != len(op.inputs) or any(len(set(t)) != len(t) for t in [*terms, out]):
-        return None
-    return terms, out
-
-
-def einsum_masks(mctx, op, out_masks) -> list | None:
-    """Operand masks of an ``Einsum`` without contracting anything, as
-    :func:`matmul_masks` for a matmul.  With every other operand replaced by
-    ones, output lane ``o`` reads every lane of operand ``i`` that agrees with
-    ``o`` on their shared labels: lane ``l`` of the operand is live iff
-    ``any`` of the output mask over the output's labels the operand lacks, at
-    ``l``'s shared labels -- whatever its own contracted labels are.  So:
-    reduce, transpose to the operand's label order, broadcast over its
-    contracted labels.  A recorded broadcast (a row mask through the
-    projections ``btd,dhk->bthk`` of an attention) stays one
-    (:func:`mask_broadcasts.any_over`), so a weight's mask is one bit.  The
-    probe (TF's gradient against ones) costs an einsum as large as the
-    program's own at run time; None for the equations it still serves
-    (:func:`_einsum_labels`)."""
-    labels = _einsum_labels(op)
-    if labels is None:
-        return None
-    terms, out_labels = labels
-    n = len(op.inputs)
-    out = out_masks[0]
-    diff = [is_inexact(t.dtype) for t in op.inputs]
-    if out is NONE or not any(diff):
-        return [NONE] * n
-    if out is ALL:
-        return [ALL if d else NONE for d in diff]
-    result = [NONE] * n
-    with tf.name_scope("hlo_guard_einsum_mask"):
-        for i, term in enumerate(terms):
-            if not diff[i]:
-                continue
-            t = op.inputs[i]
-            lacked = [k for k, c in enumerate(out_labels) if c not in term]
-            shape = mb.static_shape(t)
-            placed = [term.index(c) for c in out_labels if c in term]
-            if shape is not None and placed == sorted(placed):
-                axis_of = dict(zip((k for k, c in enumerate(out_labels) if c in term), placed))
-                found = mb.any_over(out, lacked, shape, axis_of.__getitem__)
-                if found is not None:
-                    result[i] = normalize(found)
-                    continue
-            keep = tf.reduce_any(out, axis=lacked) if lacked else out
-            shared = [c for c in out_labels if c in term]  # keep's axes
-            order = [shared.index(c) for c in term if c in out_labels]
-            if order != list(range(len(order))):
-                keep = tf.transpose(keep, order)
-            for k, c in enumerate(term):
-                if c not in out_labels:
-                    keep = tf.expand_dims(keep, k)
-            if not (shape is not None and keep.shape == shape):
-                keep = tf.broadcast_to(keep, _shape_of(mctx, t))
-            result[i] = normalize(keep)
-    return result
-
-
-def einsum_forward_masks(mctx, op, in_masks) -> list | None:
-    """The output tangent mask of an ``Einsum``, the forward counterpart of
-    :func:`einsum_masks`: with the other operands replaced by ones, output
-    lane ``o`` sums the tangent lanes of operand ``i`` that agree with it on
-    their shared labels, so it is live iff ``any`` of operand ``i``'s mask over
-    its contracted labels, at ``o``'s shared labels -- ORed over operands.
-    None where :func:`_einsum_labels` is."""
-    labels = _einsum_labels(op)
-    if labels is None:
-        return None
-    terms, out_labels = labels
-    masks = [m for m, t in zip(in_masks, op.inputs) if is_inexact(t.dtype)]
-    if all(m is NONE for m in masks):
-        return [NONE]
-    if any(m is ALL for m in masks):
-        return [ALL]  # every output lane reads some lane of that operand
-    found = None
-    with tf.name_scope("hlo_guard_einsum_mask"):
-        for term, m, t in zip(terms, in_masks, op.inputs):
-            if not is_inexact(t.dtype) or m is NONE:
-                continue
-            contracted = [k for k, c in enumerate(term) if c not in out_labels]
-            keep = tf.reduce_any(m, axis=contracted) if contracted else m
-            shared = [c for c in term if c in out_labels]  # keep's axes
-            order = [shared.index(c) for c in out_labels if c in term]
-            if order != list(range(len(order))):
-                keep = tf.transpose(keep, order)
-            for k, c in enumerate(out_labels):
-                if c not in term:
-                    keep = tf.expand_dims(keep, k)
-            found = keep if found is None else tf.logical_or(found, keep)
-        assert found is not None  # some operand's mask is a tensor
-        out = op.outputs[0]
-        if not (out.shape.is_fully_defined() and found.shape == out.shape):
-            found = tf.broadcast_to(found, shape_of(mctx.shaped(out)))
-    return [normalize(found)]
-
-
-class Einsum(Structural):
-    """``Einsum``: a reduce-transpose-broadcast (:func:`einsum_masks`,
-    :func:`einsum_forward_masks`); the
-    equations it does not read (ellipsis, diagonals) are probed, each operand
-    against ones."""
-
-    def __init__(self):
-        super().__init__(_always, guards=True, bilinear=True)
-
-    def input_masks(self, mctx, node, op, out_masks):
-        found = einsum_masks(mctx, op, out_masks)
-        if found is None:
-            return super().input_masks(mctx, node, op, out_masks)
-        return found
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        found = einsum_forward_masks(mctx, op, in_masks)
-        if found is None:
-            return super().forward_masks(mctx, node, op, in_masks)
-        return found
-
-
-def _conv_layout(op) -> tuple[int, int] | None:
-    """``(rank, channel axis)`` of a ``Conv2D``/``Conv3D`` whose input channels
-    equal its filter's (no groups), when both are known at trace time; None
-    otherwise.  The filter is ``[spatial..., in, out]`` in every data format."""
-    x, w = op.inputs[:2]
-    rank = {"Conv2D": 4, "Conv3D": 5}.get(op.type)
-    if rank is None or x.shape.rank != rank or w.shape.rank != rank:
-        return None
-    fmt = op.get_attr("data_format")
-    channel = 1 if (fmt.decode() if isinstance(fmt, bytes) else fmt).startswith("NC") else rank - 1
-    if x.shape[channel] is None or x.shape[channel] != w.shape[-2]:
-        return None
-    return rank, channel
-
-
-def _one_channel(shape: tf.Tensor, axes) -> tf.Tensor:
-    """``shape`` (1-D int32) with the given axes set to 1."""
-    return tf.stack([1 if k in axes else shape[k] for k in range(int(shape.shape[0]))])
-
-
-def conv_masks(mctx, op, out_masks) -> list | None:
-    """Operand masks of a convolution on one channel instead of all of them.
-
-    With the filter replaced by ones, input lane ``(b, p, ci)`` receives from
-    every output lane whose window covers ``p``, for every output channel, and
-    no ``ci`` differs from another: its mask is TF's input gradient of a
-    one-channel copy (input ``[.., 1]``, filter ``[.., 1, 1]``) seeded with the
-    output mask's ``any`` over channels, broadcast over ``ci``.  With the input
-    replaced by ones, filter lane ``(k, ci, co)`` receives from output channel
-    ``co`` wherever tap ``k`` lands inside the input, again whatever ``ci``:
-    the filter gradient of a copy with one input channel, seeded with the whole
-    output mask.  Strides, dilations and padding are the op's own (the copy
-    keeps its attributes) and the gradient is TF's registered one, so edge
-    and stride conventions are TF's; the cost is the convolution's divided by
-    its channel counts, where the probe of :func:`probe_masks` costs a full
-    backward convolution at run time.  None for a grouped convolution or an
-    unknown channel count (the probe serves those)."""
-    layout = _conv_layout(op)
-    if layout is None:
-        return None
-    rank, channel = layout
-    n = len(op.inputs)
-    out = out_masks[0]
-    diff = [is_inexact(t.dtype) for t in op.inputs[:2]]
-    if out is NONE or not any(diff):
-        return [NONE] * n
-    x, w = op.inputs[:2]
-    grad = compat.registered_gradient(op.type)
-    result = [NONE] * n
-    with tf.name_scope("hlo_guard_conv_mask"):
-        x_shape, w_shape = _shape_of(mctx, x), _shape_of(mctx, w)
-        seed = materialize(out, mctx.shaped(op.outputs[0]))
-        if diff[0]:
-            small = copy_op(
-                op,
-                [
-                    tf.zeros(_one_channel(x_shape, [channel]), x.dtype),
-                    tf.ones(_one_channel(w_shape, [rank - 2, rank - 1]), w.dtype),
-                ],
-            )
-            seen = tf.cast(tf.reduce_any(seed, axis=channel, keepdims=True), x.dtype)
-            dx = grad(small, seen)[0]
-            result[0] = normalize(tf.broadcast_to(tf.not_equal(dx, 0), x_shape))
-        if diff[1]:
-            small = copy_op(
-                op,
-                [
-                    tf.ones(_one_channel(x_shape, [channel]), x.dtype),
-                    tf.zeros(_one_channel(w_shape, [rank - 2]), w.dtype),
-                ],
-            )
-            dw = grad(small, tf.cast(seed, w.dtype))[1]
-            result[1] = normalize(tf.broadcast_to(tf.not_equal(dw, 0), w_shape))
-    return result
-
-
-def conv_forward_masks(mctx, op, in_masks) -> list | None:
-    """The output tangent mask of a convolution, on one channel (the forward
-    counterpart of :func:`conv_masks`): an output lane ``(b, q, co)`` sums the
-    input's tangent lanes of every channel in its window, and the filter's
-    tangent lanes of output channel ``co`` at every tap landing inside the
-    input.  So: the op's own convolution of the input mask's ``any`` over
-    channels with a one-channel filter of ones, and of a one-channel input of
-    ones with the filter mask's ``any`` over input channels; ORed."""
-    layout = _conv_layout(op)
-    if layout is None:
-        return None
-    rank, channel = layout
-    x, w = op.inputs[:2]
-    masks = [m if is_inexact(t.dtype) else NONE for m, t in zip(in_masks[:2], (x, w))]
-    if all(m is NONE for m in masks):
-        return [NONE]
-    found = None
-    with tf.name_scope("hlo_guard_conv_mask"):
-        x_shape, w_shape = _shape_of(mctx, x), _shape_of(mctx, w)
-        if masks[0] is not NONE:
-            lanes = materialize(masks[0], mctx.shaped(x))
-            lanes = tf.cast(tf.reduce_any(lanes, axis=channel, keepdims=True), x.dtype)
-            ones = tf.ones(_one_channel(w_shape, [rank - 2, rank - 1]), w.dtype)
-            found = tf.not_equal(copy_op(op, [lanes, ones]).outputs[0], 0)
-        if masks[1] is not NONE:
-            taps = materialize(masks[1], mctx.shaped(w))
-            taps = tf.cast(tf.reduce_any(taps, axis=rank - 2, keepdims=True), w.dtype)
-            ones = tf.ones(_one_channel(x_shape, [channel]), x.dtype)
-            seen = tf.not_equal(copy_op(op, [ones, taps]).outputs[0], 0)
-            found = seen if found is None else tf.logical_or(found, seen)
-        assert found is not None
-        found = tf.broadcast_to(found, shape_of(mctx.shaped(op.outputs[0])))
-    return [normalize(found)]
-
-
-class Conv(Structural):
-    """``Conv2D``/``Conv3D``: masks on one channel (:func:`conv_masks`,
-    :func:`conv_forward_masks`); grouped ones and the rest of the family
-    (``DepthwiseConv2dNative``, ``Conv1D`` as a raw op) keep the probe."""
-
-    def __init__(self):
-        super().__init__(_always, guards=True, bilinear=True)
-
-    def input_masks(self, mctx, node, op, out_masks):
-        found = conv_masks(mctx, op, out_masks)
-        if found is None:
-            return super().input_masks(mctx, node, op, out_masks)
-        return found
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        found = conv_forward_masks(mctx, op, in_masks)
-        if found is None:
-            return super().forward_masks(mctx, node, op, in_masks)
-        return found
-
-
 class MatMul(Structural):
     """``MatMul``/``BatchMatMul*``: a reduce-and-broadcast, no contraction
     (:func:`matmul_masks`)."""
@@ -687,165 +427,6 @@ class Summing(Structural):
             return [m]
         keep = op.get_attr("keep_dims")
         return [normalize(tf.reduce_any(m, axis=mctx.value(op.inputs[1]), keepdims=keep))]
-
-
-def _rows_of(mctx, m, like: tf.Tensor):
-    """``m`` ORed along its last axis and spread back over it, at ``like``'s
-    shape: a row is live in every lane iff it is live in one.  A recorded
-    broadcast stays one (:func:`mask_broadcasts.any_over`)."""
-    if is_sentinel(m):
-        return m
-    shape = mb.static_shape(like)
-    if shape is not None:
-        found = mb.any_over(m, [len(shape) - 1], shape, lambda ax: ax)
-        if found is not None:
-            return normalize(found)
-    with tf.name_scope("hlo_guard_row_mask"):
-        row = tf.reduce_any(m, axis=-1, keepdims=True)
-        return normalize(tf.broadcast_to(row, _shape_of(mctx, like)))
-
-
-def _forward_not_followed(fa, node, ins):
-    """Forward mode through a softmax row is not followed lane by lane: a
-    lane whose softmax weight is 0 (a ``-inf`` logit, the masked
-    attention's) has an exactly zero tangent that the input tangents' masks
-    do not show.  Outputs fully live, and a partly zero tangent arriving is
-    noted, as for an op without a rule (:meth:`Conservative.forward`)."""
-    return _FORWARD_NOT_FOLLOWED.forward(fa, node, ins)
-
-
-class RowMixing(Structural):
-    """``Softmax``/``LogSoftmax``: every lane of a row feeds every output lane
-    of that row (``y (ct - sum(ct y))``), and no other row.  A row with one
-    live output lane is live in every input lane; a dead row stays dead, and
-    its NaN (the softmax of a row of ``-inf``) is discarded where the row
-    meets live computation.  The derivative reads the values: guarded.
-    Forward mode is not followed (:func:`_forward_not_followed`)."""
-
-    def __init__(self):
-        super().__init__(guards=True)
-
-    def input_masks(self, mctx, node, op, out_masks):
-        return [_rows_of(mctx, out_masks[0], op.inputs[0])]
-
-    def forward(self, fa, node, ins):
-        return _forward_not_followed(fa, node, ins)
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        return [ALL] * len(op.outputs)
-
-
-class CrossEntropy(Structural):
-    """``SoftmaxCrossEntropyWithLogits``/``SparseSoftmaxCrossEntropyWithLogits``
-    (Keras's categorical cross-entropies from logits): ``loss[b]`` and
-    ``backprop[b, :]`` read the logits (and dense labels) of row ``b`` only,
-    every lane of it.  So a logits row is live iff its loss lane or any lane
-    of its backprop row is: a padded token's row dead under
-    ``where(valid, loss, 0)``.  Guarded: the derivative is ``softmax -
-    labels``, a NaN where the logits hold ``-inf``.  Forward mode is not
-    followed (:func:`_forward_not_followed`)."""
-
-    def __init__(self):
-        super().__init__(guards=True)
-
-    def transfer(self, analysis, node, outs):
-        """As a structural rule, except that an unused ``backprop`` output
-        (the usual case: TF's gradient reads it, the user does not) drops no
-        lane -- every logit also feeds the loss."""
-        op = analysis.graph.op(node)
-        reached = [o for o in outs if o.reaches_output]
-        if not reached:
-            return [NO_DERIVATIVE] * len(op.inputs)
-        out = joined(reached).without_partition()
-        return [out if is_inexact(t.dtype) else NO_DERIVATIVE for t in op.inputs]
-
-    @staticmethod
-    def _row_mask(mctx, op, loss_mask, backprop_mask):
-        """The ``[B, C]`` mask of rows whose loss or backprop lanes are live."""
-        logits = op.inputs[0]
-        if loss_mask is ALL or backprop_mask is ALL:
-            return ALL
-        rows = _rows_of(mctx, backprop_mask, logits)
-        if loss_mask is NONE:
-            return rows
-        with tf.name_scope("hlo_guard_row_mask"):
-            spread = tf.broadcast_to(tf.expand_dims(loss_mask, -1), _shape_of(mctx, logits))
-            return normalize(spread if rows is NONE else tf.logical_or(spread, rows))
-
-    def input_masks(self, mctx, node, op, out_masks):
-        row = self._row_mask(mctx, op, *out_masks[:2])
-        return [row if is_inexact(t.dtype) else NONE for t in op.inputs]
-
-    def forward(self, fa, node, ins):
-        return _forward_not_followed(fa, node, ins)
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        return [ALL] * len(op.outputs)
-
-
-class MatrixMixing(Structural):
-    """Decompositions, inverses, determinants and solves over the last two
-    axes, batched over the rest (``Cholesky``, ``MatrixInverse``, ``Svd``,
-    ``SelfAdjointEigV2`` ...), as the JAX rule
-    (``hlo_guard/jax_frontend/rules/linalg.py``): a batch element none of
-    whose output lanes is live is dead in every lane, and its NaN (a matrix
-    that is not positive definite, a singular one) is discarded where it meets
-    live computation; a matrix with one live output lane is kept live in
-    every lane.  Lanes within a matrix are not followed, so the site is
-    reported whenever a derivative flows through it.  Forward mode is not
-    followed (:func:`_forward_not_followed`)."""
-
-    def __init__(self):
-        super().__init__(guards=True)
-
-    def transfer(self, analysis, node, outs):
-        op = analysis.graph.op(node)
-        reached = [o for o in outs if o.reaches_output]
-        if not reached:
-            return [NO_DERIVATIVE] * len(op.inputs)
-        out = joined(reached).without_partition()
-        analysis.note_unreached(
-            node,
-            f"{op.type}: lanes within one matrix are not followed (kept live); only a "
-            "wholly dead batch element is guarded",
-            partial_by(analysis.graph.origin(node)) if out.is_live else out,
-        )
-        return [out if is_inexact(t.dtype) else NO_DERIVATIVE for t in op.inputs]
-
-    def input_masks(self, mctx, node, op, out_masks):
-        batch_rank = op.inputs[0].shape.rank
-        shapes = [t.shape for t in op.inputs]
-        if batch_rank is None or any(
-            sh.rank is None or sh[:-2] != shapes[0][:-2] or not sh[:-2].is_fully_defined()
-            for sh in shapes
-        ):
-            return [ALL if is_inexact(t.dtype) else NONE for t in op.inputs]  # broadcast batch
-        batch_rank -= 2
-        batch = NONE
-        with tf.name_scope("hlo_guard_matrix_mask"):
-            for t, m in zip(op.outputs, out_masks):
-                if m is NONE or not is_inexact(t.dtype):
-                    continue
-                if m is ALL:
-                    batch = ALL
-                    break
-                axes = list(range(batch_rank, t.shape.rank))
-                reduced = tf.reduce_any(m, axis=axes) if axes else m
-                batch = reduced if batch is NONE else tf.logical_or(batch, reduced)
-            masks = []
-            for t in op.inputs:
-                if not is_inexact(t.dtype) or batch is NONE or batch is ALL:
-                    masks.append(batch if is_inexact(t.dtype) else NONE)
-                    continue
-                spread = tf.reshape(batch, tf.concat([tf.shape(batch), [1, 1]], 0))
-                masks.append(normalize(tf.broadcast_to(spread, _shape_of(mctx, t))))
-        return masks
-
-    def forward(self, fa, node, ins):
-        return _forward_not_followed(fa, node, ins)
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        return [ALL] * len(op.outputs)
 
 
 class Transpose(Structural):
@@ -1070,9 +651,6 @@ def _scatter_update_drops(op, i):
     return True  # overwritten operand lanes; updates may collide
 
 
-_FORWARD_NOT_FOLLOWED = Conservative("softmax rows: forward mode not followed")
-
-
 def register(table):
     table.register(["Reshape", "ExpandDims", "Squeeze"], ReshapeLike())
     table.register("Transpose", Transpose())
@@ -1159,13 +737,9 @@ def register(table):
     table.register("Cumprod", Structural(guards=True, probe_type="Cumsum"))
     # bilinear: the other operand replaced by ones
     table.register(["MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"], MatMul())
-    table.register(["Conv2D", "Conv3D"], Conv())
     table.register(
         ["Conv1D", "DepthwiseConv2dNative"], Structural(_always, guards=True, bilinear=True)
     )
-    # einsum multiplies operands; one with a diagonal (``ii->i``, a trace)
-    # reads only some lanes, and is probed like a convolution
-    table.register("Einsum", Einsum())
     # top-k keeps k lanes; which ones depends on the values, so the probe
     # runs on them (TF's gradient scatters into the chosen indices)
     table.register("TopKV2", Structural(_always, real_values=True))
@@ -1196,25 +770,8 @@ def register(table):
         ["Conv2DBackpropInput", "Conv3DBackpropInputV2"],
         Structural(_always, guards=True, bilinear=True),
     )
-    # lanes mix within a row (the last axis) and nowhere else
-    table.register(["Softmax", "LogSoftmax"], RowMixing())
-    table.register(
-        ["SoftmaxCrossEntropyWithLogits", "SparseSoftmaxCrossEntropyWithLogits"], CrossEntropy()
-    )
-    # lanes mix nonlinearly along an axis: not followed
-    table.register(
-        [
-            "Cholesky",
-            "MatrixInverse",
-            "MatrixDeterminant",
-            "LogMatrixDeterminant",
-            "MatrixSolve",
-            "Svd",
-            "Qr",
-            "SelfAdjointEigV2",
-        ],
-        MatrixMixing(),
-    )
+    # lanes mix nonlinearly along an axis: not followed (row and matrix
+    # mixing that *is* followed: :mod:`hlo_guard.tf.rules.mixing`)
     for name in [
         "Sort",
         "FusedBatchNormV3",
