@@ -5,8 +5,7 @@ one row (the last axis); decompositions, inverses and solves those of one
 matrix (the last two axes), batched over the rest.  A row or batch element
 none of whose output lanes is live is dead in every lane, and guarded where
 it meets live computation; one with a live output lane is live in every
-lane.  Forward mode is not followed through them (see
-:func:`_forward_not_followed`).
+lane.  Forward mode is not followed through them (:class:`_Mixing`).
 """
 
 from __future__ import annotations
@@ -38,59 +37,67 @@ def _rows_of(mctx, m, like: tf.Tensor):
         return normalize(tf.broadcast_to(row, _shape_of(mctx, like)))
 
 
-def _forward_not_followed(fa, node, ins):
-    """Forward mode through a softmax row is not followed lane by lane: a
-    lane whose softmax weight is 0 (a ``-inf`` logit, the masked
-    attention's) has an exactly zero tangent that the input tangents' masks
-    do not show.  Outputs fully live, and a partly zero tangent arriving is
-    noted, as for an op without a rule (:meth:`Conservative.forward`)."""
-    return _FORWARD_NOT_FOLLOWED.forward(fa, node, ins)
+class _Mixing(Structural):
+    """What the row and matrix rules share: guarded (the derivative reads the
+    values), and forward mode not followed lane by lane -- a lane whose
+    softmax weight is 0 (a ``-inf`` logit, the masked attention's) has an
+    exactly zero tangent that the input tangents' masks do not show, and a
+    Cholesky factor's upper triangle has one whatever comes in.  Outputs
+    fully live, and a partly zero tangent arriving is noted, as for an op
+    without a rule (:meth:`Conservative.forward`, which reads only the
+    graph)."""
 
-
-class RowMixing(Structural):
-    """``Softmax``/``LogSoftmax``: every lane of a row feeds every output lane
-    of that row (``y (ct - sum(ct y))``), and no other row.  A row with one
-    live output lane is live in every input lane; a dead row stays dead, and
-    its NaN (the softmax of a row of ``-inf``) is discarded where the row
-    meets live computation.  The derivative reads the values: guarded.
-    Forward mode is not followed (:func:`_forward_not_followed`)."""
+    forward = Conservative.forward
 
     def __init__(self):
         super().__init__(guards=True)
 
-    def input_masks(self, mctx, node, op, out_masks):
-        return [_rows_of(mctx, out_masks[0], op.inputs[0])]
-
-    def forward(self, fa, node, ins):
-        return _forward_not_followed(fa, node, ins)
-
     def forward_masks(self, mctx, node, op, in_masks):
         return [ALL] * len(op.outputs)
 
+    @staticmethod
+    def _from_reached_outputs(analysis, node, outs):
+        """``(op, joined liveness of the outputs that reach the result)`` --
+        an unused output drops no lane, as every input lane feeds every
+        output -- and None for the liveness when no output is used."""
+        op = analysis.graph.op(node)
+        reached = [o for o in outs if o.reaches_output]
+        return op, (joined(reached).without_partition() if reached else None)
 
-class CrossEntropy(Structural):
+    @staticmethod
+    def _to_inputs(op, out) -> list:
+        """``out`` for each differentiable input (nothing when it is None)."""
+        return [
+            out if out is not None and is_inexact(t.dtype) else NO_DERIVATIVE for t in op.inputs
+        ]
+
+
+class RowMixing(_Mixing):
+    """``Softmax``/``LogSoftmax``: every lane of a row feeds every output lane
+    of that row (``y (ct - sum(ct y))``), and no other row.  A row with one
+    live output lane is live in every input lane; a dead row stays dead, and
+    its NaN (the softmax of a row of ``-inf``) is discarded where the row
+    meets live computation (:class:`_Mixing`)."""
+
+    def input_masks(self, mctx, node, op, out_masks):
+        return [_rows_of(mctx, out_masks[0], op.inputs[0])]
+
+
+class CrossEntropy(_Mixing):
     """``SoftmaxCrossEntropyWithLogits``/``SparseSoftmaxCrossEntropyWithLogits``
     (Keras's categorical cross-entropies from logits): ``loss[b]`` and
     ``backprop[b, :]`` read the logits (and dense labels) of row ``b`` only,
     every lane of it.  So a logits row is live iff its loss lane or any lane
     of its backprop row is: a padded token's row dead under
     ``where(valid, loss, 0)``.  Guarded: the derivative is ``softmax -
-    labels``, a NaN where the logits hold ``-inf``.  Forward mode is not
-    followed (:func:`_forward_not_followed`)."""
-
-    def __init__(self):
-        super().__init__(guards=True)
+    labels``, a NaN where the logits hold ``-inf`` (:class:`_Mixing`)."""
 
     def transfer(self, analysis, node, outs):
         """As a structural rule, except that an unused ``backprop`` output
         (the usual case: TF's gradient reads it, the user does not) drops no
         lane -- every logit also feeds the loss."""
-        op = analysis.graph.op(node)
-        reached = [o for o in outs if o.reaches_output]
-        if not reached:
-            return [NO_DERIVATIVE] * len(op.inputs)
-        out = joined(reached).without_partition()
-        return [out if is_inexact(t.dtype) else NO_DERIVATIVE for t in op.inputs]
+        op, out = self._from_reached_outputs(analysis, node, outs)
+        return self._to_inputs(op, out)
 
     @staticmethod
     def _row_mask(mctx, op, loss_mask, backprop_mask):
@@ -109,14 +116,8 @@ class CrossEntropy(Structural):
         row = self._row_mask(mctx, op, *out_masks[:2])
         return [row if is_inexact(t.dtype) else NONE for t in op.inputs]
 
-    def forward(self, fa, node, ins):
-        return _forward_not_followed(fa, node, ins)
 
-    def forward_masks(self, mctx, node, op, in_masks):
-        return [ALL] * len(op.outputs)
-
-
-class MatrixMixing(Structural):
+class MatrixMixing(_Mixing):
     """Decompositions, inverses, determinants and solves over the last two
     axes, batched over the rest (``Cholesky``, ``MatrixInverse``, ``Svd``,
     ``SelfAdjointEigV2`` ...), as the JAX rule
@@ -125,25 +126,18 @@ class MatrixMixing(Structural):
     that is not positive definite, a singular one) is discarded where it meets
     live computation; a matrix with one live output lane is kept live in
     every lane.  Lanes within a matrix are not followed, so the site is
-    reported whenever a derivative flows through it.  Forward mode is not
-    followed (:func:`_forward_not_followed`)."""
-
-    def __init__(self):
-        super().__init__(guards=True)
+    reported whenever a derivative flows through it (:class:`_Mixing`)."""
 
     def transfer(self, analysis, node, outs):
-        op = analysis.graph.op(node)
-        reached = [o for o in outs if o.reaches_output]
-        if not reached:
-            return [NO_DERIVATIVE] * len(op.inputs)
-        out = joined(reached).without_partition()
-        analysis.note_unreached(
-            node,
-            f"{op.type}: lanes within one matrix are not followed (kept live); only a "
-            "wholly dead batch element is guarded",
-            partial_by(analysis.graph.origin(node)) if out.is_live else out,
-        )
-        return [out if is_inexact(t.dtype) else NO_DERIVATIVE for t in op.inputs]
+        op, out = self._from_reached_outputs(analysis, node, outs)
+        if out is not None:
+            analysis.note_unreached(
+                node,
+                f"{op.type}: lanes within one matrix are not followed (kept live); only a "
+                "wholly dead batch element is guarded",
+                partial_by(analysis.graph.origin(node)) if out.is_live else out,
+            )
+        return self._to_inputs(op, out)
 
     def input_masks(self, mctx, node, op, out_masks):
         batch_rank = op.inputs[0].shape.rank
@@ -173,15 +167,6 @@ class MatrixMixing(Structural):
                 spread = tf.reshape(batch, tf.concat([tf.shape(batch), [1, 1]], 0))
                 masks.append(normalize(tf.broadcast_to(spread, _shape_of(mctx, t))))
         return masks
-
-    def forward(self, fa, node, ins):
-        return _forward_not_followed(fa, node, ins)
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        return [ALL] * len(op.outputs)
-
-
-_FORWARD_NOT_FOLLOWED = Conservative("softmax rows: forward mode not followed")
 
 
 def register(table):

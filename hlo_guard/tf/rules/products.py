@@ -130,28 +130,6 @@ def einsum_forward_masks(mctx, op, in_masks) -> list | None:
     return [normalize(found)]
 
 
-class Einsum(Structural):
-    """``Einsum``: a reduce-transpose-broadcast (:func:`einsum_masks`,
-    :func:`einsum_forward_masks`); the
-    equations it does not read (ellipsis, diagonals) are probed, each operand
-    against ones."""
-
-    def __init__(self):
-        super().__init__(_always, guards=True, bilinear=True)
-
-    def input_masks(self, mctx, node, op, out_masks):
-        found = einsum_masks(mctx, op, out_masks)
-        if found is None:
-            return super().input_masks(mctx, node, op, out_masks)
-        return found
-
-    def forward_masks(self, mctx, node, op, in_masks):
-        found = einsum_forward_masks(mctx, op, in_masks)
-        if found is None:
-            return super().forward_masks(mctx, node, op, in_masks)
-        return found
-
-
 def _conv_layout(op) -> tuple[int, int] | None:
     """``(rank, channel axis)`` of a ``Conv2D``/``Conv3D`` whose input channels
     equal its filter's (no groups), when both are known at trace time; None
@@ -263,22 +241,23 @@ def conv_forward_masks(mctx, op, in_masks) -> list | None:
     return [normalize(found)]
 
 
-class Conv(Structural):
-    """``Conv2D``/``Conv3D``: masks on one channel (:func:`conv_masks`,
-    :func:`conv_forward_masks`); grouped ones and the rest of the family
-    (``DepthwiseConv2dNative``, ``Conv1D`` as a raw op) keep the probe."""
+class DirectMasks(Structural):
+    """A bilinear op whose masks come from ``input_masks``/``forward_masks``
+    functions, each returning None for the cases the probe still serves
+    (an einsum with an ellipsis or a diagonal, a grouped convolution)."""
 
-    def __init__(self):
+    def __init__(self, input_masks, forward_masks):
         super().__init__(_always, guards=True, bilinear=True)
+        self._input_masks, self._forward_masks = input_masks, forward_masks
 
     def input_masks(self, mctx, node, op, out_masks):
-        found = conv_masks(mctx, op, out_masks)
+        found = self._input_masks(mctx, op, out_masks)
         if found is None:
             return super().input_masks(mctx, node, op, out_masks)
         return found
 
     def forward_masks(self, mctx, node, op, in_masks):
-        found = conv_forward_masks(mctx, op, in_masks)
+        found = self._forward_masks(mctx, op, in_masks)
         if found is None:
             return super().forward_masks(mctx, node, op, in_masks)
         return found
@@ -287,5 +266,7 @@ class Conv(Structural):
 def register(table):
     # einsum multiplies operands; one with a diagonal (``ii->i``, a trace)
     # reads only some lanes, and is probed like a convolution
-    table.register("Einsum", Einsum())
-    table.register(["Conv2D", "Conv3D"], Conv())
+    table.register("Einsum", DirectMasks(einsum_masks, einsum_forward_masks))
+    # ``DepthwiseConv2dNative`` and the raw ``Conv1D`` op keep the probe
+    # (:mod:`structural`)
+    table.register(["Conv2D", "Conv3D"], DirectMasks(conv_masks, conv_forward_masks))
