@@ -176,10 +176,8 @@ def custom_gradient_function(override_name: str):
     None when the registered function is not ``custom_gradient``'s wrapper.
     In graph mode TF registers ``internal_grad_fn``, which closes over
     ``tape_grad_fn``, which closes over the user's ``grad_fn``."""
-    from tensorflow.python.framework import ops
-
     try:
-        fn = ops.gradient_registry.lookup(override_name)
+        fn = registered_gradient(override_name)
     except LookupError:
         return None
     for wrapper in ("tape_grad_fn", "grad_fn"):
