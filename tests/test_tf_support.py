@@ -74,3 +74,22 @@ def assert_same(actual, expected, rtol=1e-6):
 def bitwise_equal(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def assert_guard_mends_leak(fn, oracle, *xs, rtol=1e-6):
+    """The check every rule test makes: under XLA the plain program's
+    gradient leaks NaN/inf, the oracle's (a double where) is finite, the
+    guarded gradient equals the oracle's and the guarded forward is bitwise
+    the plain one.  Returns the guarded function's report."""
+    import hlo_guard.tf as hg
+
+    xs = [tf.convert_to_tensor(x) for x in xs]
+    plain = xla_grads(fn, *xs)
+    assert not all(np.isfinite(p).all() for p in plain), "plain program should leak"
+    expected = xla_grads(oracle, *xs)
+    assert all(np.isfinite(e).all() for e in expected)
+    guarded = hg.guard(fn)
+    for g, e in zip(xla_grads(guarded, *xs), expected):
+        assert_same(g, e, rtol=rtol)
+    assert bitwise_equal(xla_forward(guarded, *xs), xla_forward(fn, *xs))
+    return hg.report(guarded, *xs)
