@@ -9,7 +9,9 @@ one-hot inputs)."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_tf_support import assert_guard_mends_leak
+from test_tf_support import assert_guard_mends_leak, xla_grads
+
+import hlo_guard.tf as hg
 
 
 def check(fn, oracle, x):
@@ -148,3 +150,26 @@ def test_transposed_convolution_guards_the_lanes_no_kept_output_reads():
         return tf.where(keep, up(tf.sqrt(tf.where(live, x, 1.0))), 0.0)
 
     check(fn, oracle, x)
+
+
+def test_a_kept_window_maximum_at_zero_keeps_its_infinite_derivative():
+    """Genuine: the maximum of a kept window is ``sqrt(0)``, a live lane, so
+    its derivative stays inf, as in the plain program; the window's other
+    (tied, unchosen) lanes and the dropped window beside it are mended."""
+    x = np.zeros((1, 2, 4, 1), np.float32)
+    x[0, :, 2:, 0] = [[0.0, 1.0], [0.5, 0.25]]  # the dropped window
+    keep = np.array([[True, False]]).reshape(1, 1, 2, 1)
+
+    def fn(x):
+        return tf.where(keep, tf.nn.max_pool2d(tf.sqrt(x), 2, 2, "VALID"), 0.0)
+
+    x = tf.constant(x)
+    (plain,) = xla_grads(fn, x)
+    (got,) = xla_grads(hg.guard(fn), x)
+    kept_got, kept_plain = got[0, :, :2, 0], plain[0, :, :2, 0]
+    chosen = np.isinf(kept_got)
+    assert chosen.sum() == 1  # the kept window's chosen zero: genuine
+    np.testing.assert_array_equal(kept_got[chosen], kept_plain[chosen])
+    assert np.all(kept_got[~chosen] == 0.0)  # its other lanes: structural zeros
+    assert np.isnan(kept_plain[~chosen]).all()  # which the plain program NaNs
+    assert np.all(got[0, :, 2:, 0] == 0.0)  # the dropped window
