@@ -352,6 +352,37 @@ def test_custom_rule_that_selects_still_makes_structural_zeros(mode):
     assert np.isnan(np.asarray(jax.jacfwd(_sqrt_of_relu)(X))).any()
 
 
+#: ``custom_jvp`` functions whose rule multiplies a zero tangent by an
+#: infinite coefficient at ``x = 0``: ``entr`` through ``_xlogx``
+#: (``t * (log(x) + 1)``); ``xlogy(x, x)``, whose rule is ``tx * log(y) +
+#: ty * x / y`` -- probed one operand at a time, the *other* operand's zero
+#: tangent meets ``0 / 0`` in every lane at 0, live or dead
+INFINITE_COEFFICIENT_RULES = {
+    "entr": jax.scipy.special.entr,
+    "xlogy": lambda v: jax.scipy.special.xlogy(v, v),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("name", sorted(INFINITE_COEFFICIENT_RULES))
+def test_custom_rule_with_an_infinite_coefficient_in_dead_lanes_is_guarded(name, mode):
+    """The probe of a rule's tangent dependence must not read ``0 * inf`` in a
+    dead lane as dependence: it did, the lane counted as live, and the
+    forward derivative was NaN with a clean report (found 2026-11-26 trying
+    ``jax.scipy.special`` functions as a user would)."""
+    fn = INFINITE_COEFFICIENT_RULES[name]
+
+    def f(x):
+        return jnp.sum(fn(jnp.where(x > 0, x, 0.0)) * x)
+
+    def oracle(x):
+        pos = x > 0
+        return jnp.sum(jnp.where(pos, fn(jnp.where(pos, x, 1.0)), 0.0) * x)
+
+    assert np.isnan(np.asarray(jax.jacfwd(f)(X))).any()
+    assert_like_double_where(MODES[mode], f, oracle, X)
+
+
 @jax.jit
 def _sqrt_plus_mean(v):
     """Mixes lanes after a hazard: a NaN made in one lane reaches every lane."""

@@ -36,7 +36,7 @@ from hlo_guard.jax_frontend.graph import (
     is_inexact_aval,
     is_literal,
 )
-from hlo_guard.jax_frontend.mask_ops import select_mask_by_index, to_guard_mask
+from hlo_guard.jax_frontend.mask_ops import and_, select_mask_by_index, to_guard_mask
 from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
@@ -646,7 +646,9 @@ class CustomCall(JaxRule):
         m = or_all(broadcast_to(x, shape) for x in in_masks)
         if m is NONE or not _rule_may_zero_lanes(eqn):
             return [m] * len(eqn.outvars)
-        return probe_rule_tangents(mctx, eqn, in_masks)
+        # lane-wise: an output lane no live input lane feeds is dead, whatever
+        # the rule computes there from zeros (``xlogy``'s ``0 * log(0)``)
+        return [and_(p, m, shape) for p in probe_rule_tangents(mctx, eqn, in_masks)]
 
 
 #: body jaxpr -> the hazards its own selections leave dead lanes at, as
@@ -767,17 +769,31 @@ def _body_selects(jaxpr) -> bool:
 def probe_rule_tangents(mctx, eqn, in_masks):
     """Tangent masks of a lane-wise ``custom_jvp`` call's outputs, from its own
     rule: JVP the call at its (gradient-stopped) operands with a tangent that
-    is NaN in operand ``k``'s live lanes and 0 elsewhere, one operand at a
-    time.  An output lane is structurally zero iff the rule's tangent there
-    does not depend on a live input tangent: the rule *selects* a constant
-    (``relu``: ``select(x > 0, t, 0)``), so the NaN does not arrive.  A
-    coefficient that is merely numerically 0 (``logaddexp``'s
-    ``t * exp(x - out)`` underflowing at ``x = -inf``) still multiplies the
-    NaN through: that lane is live, and a non-finite tangent arriving there
-    from upstream (``softplus(log(x))`` at 0) stays visible, as in JAX
-    without the guard.  (A probe of 1.0 took such lanes for structural zeros
-    and their output guard hid that NaN.)  Dead input lanes probe with 0: an
-    inf coefficient there gives NaN, so they count as live, conservatively."""
+    is NaN in operand ``k``'s live lanes and 1 in its dead lanes, one operand
+    at a time.  An output lane is live iff the NaN arrives there: the rule's
+    tangent depends on a live input tangent.  It does not where the rule
+    *selects* a constant (``relu``: ``select(x > 0, t, 0)``) or where only
+    dead lanes feed the lane (the caller also ANDs the result with the
+    union of the input masks: the call is lane-wise, so a lane no live input
+    lane feeds is dead whatever the probe of *another* operand computed
+    there).  A coefficient that is merely numerically 0
+    (``logaddexp``'s ``t * exp(x - out)`` underflowing at ``x = -inf``)
+    still multiplies the NaN through: that lane is live, and a non-finite
+    tangent arriving there from upstream (``softplus(log(x))`` at 0) stays
+    visible, as in JAX without the guard.  (A live probe of 1.0 took such
+    lanes for structural zeros and their output guard hid that NaN.)
+
+    Dead lanes probe with 1, not 0, because the probe must see the rule's
+    *dependence*, not the value it computes from a zero: ``entr``'s
+    ``_xlogx`` rule is ``t * (log(x) + 1)``, and at a dead ``x = 0`` the
+    zero tangent times ``-inf`` is NaN -- exactly the leak the output guard
+    is for.  A 0 there made the lane look live, so it was neither guarded
+    nor reported (found 2026-11-26: ``jacfwd(entr(where(x > 0, x, 0)))``
+    NaN in the clipped lanes).  1 times an infinite coefficient is inf, not
+    NaN.  Neither value reaches the result where no live lane feeds the
+    lane (the caller's AND); the 1 matters where one operand is live and
+    the rule selects its tangent away while another operand, dead there,
+    has an infinite coefficient: ``0 * inf`` would make the lane look live."""
     import jax
 
     from hlo_guard.jax_frontend.binding import bind_eqn, jvp_in, stop_if_inexact
@@ -797,10 +813,10 @@ def probe_rule_tangents(mctx, eqn, in_masks):
 
         def probe(*vals_and_lanes, k=k, aval=aval):
             *vals_k, lanes = vals_and_lanes
-            tangent = jax.numpy.where(lanes, jax.numpy.nan, 0).astype(aval.dtype)
+            tangent = jax.numpy.where(lanes, jax.numpy.nan, 1).astype(aval.dtype)
             _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals_k, [k], [tangent])
             return {
-                j: o != 0
+                j: jax.numpy.isnan(o)
                 for j, o in enumerate(outs)
                 if o.dtype != jax.dtypes.float0 and is_inexact_aval(eqn.outvars[j].aval)
             }
