@@ -607,8 +607,8 @@ class _Pad(Structural):
 
 
 class _Cumulative(_BoolLayout):
-    """``cumsum`` (and, by the same lane structure, ``cumprod``,
-    ``cumlogsumexp``, ``cummax``, ``cummin``): output lane ``j`` reads the
+    """``cumsum`` (and, by the same lane structure, ``cumprod`` and
+    ``cumlogsumexp``): output lane ``j`` reads the
     input lanes up to ``j`` (from ``j`` on when ``reverse``).  An input lane
     is live iff a later (earlier) output lane is: a cumulative OR in the
     other direction; forward, a cumulative OR in the same one."""
@@ -628,6 +628,33 @@ class _Cumulative(_BoolLayout):
     def push(self, eqn, m, mask):
         p = eqn.params
         return self._cumulative_or(m, mask, p["axis"], p["reverse"])
+
+
+class _CumulativeChooser(Structural):
+    """``cummax``/``cummin``: a running selection.  Input lane ``i`` is live
+    iff it is (one of) the running maximum at some live output lane; a lane
+    no live prefix chooses has a structurally zero derivative, as the losing
+    side of ``max``.  JAX differentiates the op as an associative scan of
+    ``max``, so its masks come from JAX's own VJP/JVP at the actual,
+    gradient-stopped operand (0, 1/2 at ties and 1: no cancellation).
+
+    Read as ``cumsum``'s lane structure it was fully live behind any live
+    output lane: a ``log(0) = -inf`` that never wins kept the ``0 * inf`` of
+    its losing lane, unguarded and unreported (found 2026-11-26,
+    ``sum(cummax(log(x))[1:])``).  Like ``reduce_max`` its JVP *multiplies*
+    a tangent by its 0/1 coefficient: a forward-mode exit, not a reverse
+    hazard (:meth:`forward_exit`)."""
+
+    kind = "selection"
+
+    def __init__(self):
+        super().__init__(_always, guards=True, value_dependent=True)
+
+    def guards_output(self, analysis, node, index):
+        return False
+
+    def forward_exit(self, analysis, node, index):
+        return self.guards_input(analysis, node, index)
 
 
 def _transpose(m, mask, perm):
@@ -746,9 +773,8 @@ def register(table):
     table.register("approx_top_k", Structural(_always, value_dependent=True))
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register(["reduce_prod"], Structural(guards=True, seed=_as_reduce_sum))
-    table.register(
-        ["cumprod", "cumlogsumexp", "cummax", "cummin"], _Cumulative(guards=True, seed=_as_cumsum)
-    )
+    table.register(["cumprod", "cumlogsumexp"], _Cumulative(guards=True, seed=_as_cumsum))
+    table.register(["cummax", "cummin"], _CumulativeChooser())
     # bilinear: the other operand replaced by ones
     table.register("dot_general", DotGeneral())
     table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))

@@ -1,0 +1,80 @@
+"""``cummax``/``cummin`` are running selections: a lane no live prefix
+chooses has a structurally zero derivative, as the losing side of ``max``.
+
+Read with ``cumsum``'s lane structure they were fully live behind any live
+output lane, so a ``log(0) = -inf`` that never wins kept its ``0 * inf``:
+NaN in the gradient, no guard, no report (found 2026-11-26 trying ``lax``
+cumulative ops as a user would).  Oracle: the hand double where, whose
+author knows which lanes lose and moves them to a value that still loses.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from double_where import assert_like_double_where, modes
+from jax import lax
+
+from hlo_guard import explain, guard
+
+MODES = modes("grad", "jacfwd", "hessian", "jacfwd_jacfwd", "jacrev_grad")
+
+#: log(0) = -inf at lanes 0 and 4: never a running maximum of the outputs
+#: kept ([1:]); the running maxima are lanes 1, 3 and 5
+X = jnp.array([0.0, 1.0, 0.5, 2.0, 0.0, 3.0], jnp.float32)
+LOSING = np.array([True, False, True, False, True, False])
+
+
+def running_max_of_log(x):
+    return jnp.sum(lax.cummax(jnp.log(x))[1:] * jnp.arange(1.0, 6.0))
+
+
+def running_max_of_log_oracle(x):
+    safe = jnp.where(LOSING, 1e-3, x)  # log(1e-3) still loses everywhere
+    return jnp.sum(lax.cummax(jnp.log(safe))[1:] * jnp.arange(1.0, 6.0))
+
+
+def running_min_of_reciprocal(x):
+    """``1 / 0 = inf`` never the running minimum: ``cummin``, from the right."""
+    return jnp.sum(lax.cummin(1.0 / x[::-1], reverse=True)[:-1] * jnp.arange(1.0, 6.0))
+
+
+def running_min_of_reciprocal_oracle(x):
+    safe = jnp.where(LOSING, 1e-3, x)[::-1]  # 1 / 1e-3 still loses everywhere
+    return jnp.sum(lax.cummin(1.0 / safe, reverse=True)[:-1] * jnp.arange(1.0, 6.0))
+
+
+CASES = {
+    "cummax": (running_max_of_log, running_max_of_log_oracle),
+    "cummin_reverse": (running_min_of_reciprocal, running_min_of_reciprocal_oracle),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_losing_lanes_of_a_running_selection_are_structural_zeros(case, mode):
+    f, oracle = CASES[case]
+    assert np.isnan(np.asarray(MODES[mode](f)(X))).any()  # the leak is real
+    assert_like_double_where(MODES[mode], f, oracle, X)
+    np.testing.assert_array_equal(np.asarray(guard(f)(X)), np.asarray(f(X)))
+
+
+def test_a_winning_singular_lane_stays_infinite():
+    """A running maximum that *is* singular keeps its derivative: ``sqrt``'s
+    inf at a lane that is the maximum of a kept output is genuine."""
+
+    def f(x):
+        return jnp.sum(lax.cummax(-jnp.sqrt(x))[1:])
+
+    x = jnp.array([0.0, 1.0, 4.0], jnp.float32)  # -sqrt: 0 wins every prefix
+    g = np.asarray(jax.grad(guard(f))(x))
+    assert np.isinf(g[0])
+    np.testing.assert_array_equal(g[1:], [0.0, 0.0])
+
+
+def test_the_report_names_the_running_selection():
+    report = explain(running_max_of_log, X)
+    assert not report.unguarded
+    assert any("cummax" in str(site.origins) for site in report.guards)
