@@ -1,11 +1,14 @@
-"""``cummax``/``cummin`` are running selections: a lane no live prefix
-chooses has a structurally zero derivative, as the losing side of ``max``.
+"""Selections whose JVP multiplies by 0/1 coefficients: ``cummax``/``cummin``
+(running maxima) and ``scatter-max``/``scatter-min`` (``segment_max``,
+``x.at[i].max(u)``).  A lane no live output lane chooses has a structurally
+zero derivative, as the losing side of ``max``.
 
-Read with ``cumsum``'s lane structure they were fully live behind any live
-output lane, so a ``log(0) = -inf`` that never wins kept its ``0 * inf``:
-NaN in the gradient, no guard, no report (found 2026-11-26 trying ``lax``
-cumulative ops as a user would).  Oracle: the hand double where, whose
-author knows which lanes lose and moves them to a value that still loses.
+``cummax`` read with ``cumsum``'s lane structure was fully live behind any
+live output lane, so a ``log(0) = -inf`` that never wins kept its ``0 *
+inf``: NaN in the gradient, no guard, no report (found 2026-11-26 trying
+``lax`` cumulative ops as a user would); ``scatter-max`` had no rule (it was
+reported).  Oracle: the hand double where, whose author knows which lanes
+lose and moves them to a value that still loses.
 """
 
 from __future__ import annotations
@@ -46,9 +49,50 @@ def running_min_of_reciprocal_oracle(x):
     return jnp.sum(lax.cummin(1.0 / safe, reverse=True)[:-1] * jnp.arange(1.0, 6.0))
 
 
+SEGMENTS = jnp.array([0, 0, 1, 1, 2, 2])
+
+
+def segment_max_of_sqrt(x):
+    """Each segment's maximum of ``sqrt``: lanes 0, 2 and 4 lose."""
+    return jnp.sum(
+        jax.ops.segment_max(jnp.sqrt(x), SEGMENTS, num_segments=3) * jnp.arange(1.0, 4.0)
+    )
+
+
+def segment_max_of_sqrt_oracle(x):
+    safe = jnp.where(LOSING, 1e-4, x)
+    return jnp.sum(
+        jax.ops.segment_max(jnp.sqrt(safe), SEGMENTS, num_segments=3) * jnp.arange(1.0, 4.0)
+    )
+
+
+def indexed_max_of_log(x):
+    """``.at[].max`` into a constant operand (-5, which never wins): the
+    updates at lanes 0 and 4 are ``log(0) = -inf`` and lose, lane 2's
+    ``log(0.5)`` loses to lane 3's ``log(2)``."""
+    return jnp.sum(jnp.full(3, -5.0).at[SEGMENTS].max(jnp.log(x)) * jnp.arange(1.0, 4.0))
+
+
+def indexed_max_of_log_oracle(x):
+    safe = jnp.where(LOSING, 1e-3, x)
+    return jnp.sum(jnp.full(3, -5.0).at[SEGMENTS].max(jnp.log(safe)) * jnp.arange(1.0, 4.0))
+
+
+def segment_min_of_negative_sqrt(x):
+    return jnp.sum(jax.ops.segment_min(-jnp.sqrt(x), SEGMENTS, num_segments=3))
+
+
+def segment_min_of_negative_sqrt_oracle(x):
+    safe = jnp.where(LOSING, 1e-4, x)
+    return jnp.sum(jax.ops.segment_min(-jnp.sqrt(safe), SEGMENTS, num_segments=3))
+
+
 CASES = {
     "cummax": (running_max_of_log, running_max_of_log_oracle),
     "cummin_reverse": (running_min_of_reciprocal, running_min_of_reciprocal_oracle),
+    "segment_max": (segment_max_of_sqrt, segment_max_of_sqrt_oracle),
+    "at_max": (indexed_max_of_log, indexed_max_of_log_oracle),
+    "segment_min": (segment_min_of_negative_sqrt, segment_min_of_negative_sqrt_oracle),
 }
 
 
@@ -74,7 +118,9 @@ def test_a_winning_singular_lane_stays_infinite():
     np.testing.assert_array_equal(g[1:], [0.0, 0.0])
 
 
-def test_the_report_names_the_running_selection():
-    report = explain(running_max_of_log, X)
+@pytest.mark.parametrize("case", ["cummax", "segment_max"])
+def test_the_report_names_the_selection(case):
+    report = explain(CASES[case][0], X)
     assert not report.unguarded
-    assert any("cummax" in str(site.origins) for site in report.guards)
+    op = "scatter-max" if case == "segment_max" else "cummax"
+    assert any(op in str(site.origins) for site in report.guards)

@@ -279,18 +279,20 @@ def test_a_custom_rule_around_a_loop_is_reported():
 
 
 def test_an_operation_without_a_rule_is_reported_when_a_derivative_flows():
-    """``jax.ops.segment_max`` is a ``scatter-max``, which has no rule and
-    selects by itself: fully live is conservative only for the lanes that
-    arrive, so it is listed whenever a derivative flows through it (its
-    losing lanes' ``sqrt'(0)`` is NaN in the gradient, as without the guard)."""
+    """``x.at[i].multiply(u)`` is a ``scatter-mul``, which has no rule and
+    may drop lanes by itself (an overwritten or multiplied-away region):
+    fully live is conservative only for the lanes that arrive, so it is
+    listed whenever a derivative flows through it.  (``segment_max``, a
+    ``scatter-max``, was the example here until it got its rule:
+    tests/test_cumulative_choosers.py.)"""
     d = jnp.array([0.0, 4.0, 1.0, 9.0])
     ids = jnp.array([0, 0, 1, 1])
 
     def f(d):
-        return jnp.sum(jax.ops.segment_max(jnp.sqrt(d), ids, num_segments=2))
+        return jnp.sum(jnp.ones(2).at[ids].multiply(jnp.sqrt(d)))
 
     (u,) = explain(f, d).unguarded
-    assert u.op == "scatter-max" and u.category == "no-rule"
+    assert u.op == "scatter-mul" and u.category == "no-rule"
 
 
 def test_approx_max_k_selects_like_top_k():

@@ -98,8 +98,6 @@ CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
             "select_and_scatter_add",
             "select_and_gather_add",
             "scatter-mul",
-            "scatter-max",
-            "scatter-min",
             "ragged_dot_general",
             "scaled_dot",
         )

@@ -630,20 +630,23 @@ class _Cumulative(_BoolLayout):
         return self._cumulative_or(m, mask, p["axis"], p["reverse"])
 
 
-class _CumulativeChooser(Structural):
-    """``cummax``/``cummin``: a running selection.  Input lane ``i`` is live
-    iff it is (one of) the running maximum at some live output lane; a lane
-    no live prefix chooses has a structurally zero derivative, as the losing
-    side of ``max``.  JAX differentiates the op as an associative scan of
-    ``max``, so its masks come from JAX's own VJP/JVP at the actual,
-    gradient-stopped operand (0, 1/2 at ties and 1: no cancellation).
+class _MultiplyingChooser(Structural):
+    """A value-dependent selection whose JVP *multiplies* each tangent by a
+    0 / 1 / 1-over-ties coefficient: ``cummax``/``cummin`` (a running
+    maximum; JAX differentiates it as an associative scan of ``max``) and
+    ``scatter-max``/``scatter-min`` (``jax.ops.segment_max``,
+    ``x.at[i].max(u)``; JAX's JVP weighs the winners by their count).  An
+    input lane no live output lane chooses has a structurally zero
+    derivative, as the losing side of ``max``; the masks come from JAX's own
+    VJP/JVP at the actual, gradient-stopped operands (non-negative
+    coefficients: no cancellation).
 
-    Read as ``cumsum``'s lane structure it was fully live behind any live
-    output lane: a ``log(0) = -inf`` that never wins kept the ``0 * inf`` of
-    its losing lane, unguarded and unreported (found 2026-11-26,
-    ``sum(cummax(log(x))[1:])``).  Like ``reduce_max`` its JVP *multiplies*
-    a tangent by its 0/1 coefficient: a forward-mode exit, not a reverse
-    hazard (:meth:`forward_exit`)."""
+    ``cummax`` was read with ``cumsum``'s lane structure, fully live behind
+    any live output lane: a ``log(0) = -inf`` that never wins a kept prefix
+    kept its ``0 * inf``, unguarded and unreported (found 2026-11-26,
+    ``sum(cummax(log(x))[1:])``); ``scatter-max`` had no rule (reported).
+    Like ``reduce_max`` these are forward-mode exits, not reverse hazards
+    (:meth:`forward_exit`)."""
 
     kind = "selection"
 
@@ -774,7 +777,8 @@ def register(table):
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register(["reduce_prod"], Structural(guards=True, seed=_as_reduce_sum))
     table.register(["cumprod", "cumlogsumexp"], _Cumulative(guards=True, seed=_as_cumsum))
-    table.register(["cummax", "cummin"], _CumulativeChooser())
+    chooser = _MultiplyingChooser()
+    table.register(["cummax", "cummin", "scatter-max", "scatter-min"], chooser)
     # bilinear: the other operand replaced by ones
     table.register("dot_general", DotGeneral())
     table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))
