@@ -9,6 +9,8 @@
 * jax_md's pair energies already make their distances safe by hand
   (``safe_mask``); the guard must then change nothing: eager gradients bitwise
   equal, every dead lane reached is guarded (nothing reported unguarded).
+  Except with a sharp cutoff (``r_onset == r_cutoff``), where the untaken
+  smoothing branch divides by zero: NaN forces that the guard mends.
 """
 
 from __future__ import annotations
@@ -74,6 +76,36 @@ def test_jax_md_pair_energy_is_left_as_it_was():
         jitted = jax.jit(jax.grad(guard(e)))(positions)
         np.testing.assert_allclose(jitted, jax.jit(jax.grad(e))(positions), rtol=1e-5, atol=1e-3)
         assert not explain(e, positions).unguarded
+
+
+def test_jax_md_sharp_cutoff_forces():
+    """jax_md's Lennard-Jones with ``r_onset == r_cutoff`` (a sharp cutoff, as
+    a user who wants no smoothing writes it): the smoothing polynomial's
+    branch for ``r_onset <= r < r_cutoff`` is never taken, but it divides by
+    ``(r_cutoff - r_onset) ** 3 = 0``, and its dead lanes make every force
+    NaN in plain JAX (found 2026-11-26 trying jax_md as a user would).  The
+    oracle: the same energy written by hand with a double where (pairs inside
+    the cutoff, diagonal excluded)."""
+    space = pytest.importorskip("jax_md.space")
+    energy = pytest.importorskip("jax_md.energy")
+    box = 6.0
+    displacement, _ = space.periodic(box)
+    positions = jnp.asarray(np.random.default_rng(0).uniform(0, box, (24, 3)), jnp.float32)
+    e = energy.lennard_jones_pair(displacement, r_onset=2.0, r_cutoff=2.0)
+
+    def oracle(positions):
+        d = space.map_product(displacement)(positions, positions)
+        r2 = jnp.sum(d**2, axis=-1)
+        keep = ~jnp.eye(positions.shape[0], dtype=bool) & (r2 < 4.0)
+        s6 = (1.0 / jnp.sqrt(jnp.where(keep, r2, 1.0))) ** 6
+        return 0.5 * jnp.sum(jnp.where(keep, 4.0 * (s6 * s6 - s6), 0.0))
+
+    assert not np.isfinite(np.asarray(jax.grad(e)(positions))).any()  # the bug is real
+    want = np.asarray(jax.grad(oracle)(positions))
+    np.testing.assert_array_equal(guard(e)(positions), e(positions))
+    for got in (jax.grad(guard(e))(positions), jax.jit(jax.grad(guard(e)))(positions)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+    assert not explain(e, positions).unguarded
 
 
 def test_optax_meta_gradient_through_gradient_clipping_at_zero_gradients():
