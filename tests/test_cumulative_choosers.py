@@ -124,3 +124,24 @@ def test_the_report_names_the_selection(case):
     assert not report.unguarded
     op = "scatter-max" if case == "segment_max" else "cummax"
     assert any(op in str(site.origins) for site in report.guards)
+
+
+@pytest.mark.parametrize("mode", ["grad", "jacfwd", "hessian"])
+def test_a_losing_scatter_max_operand_with_many_updates_is_dead(mode):
+    """JAX's own coefficient of a losing ``scatter-max`` operand lane is
+    ``1 + 11 * (-1 / 11)``, a few ulp off zero: plain JAX gives
+    ``-6e-8 * log'(0) = -inf``, and a mask from JAX's VJP read the lane as
+    live (unguarded, unreported).  The operand's mask is decided by value."""
+    ids = jnp.zeros(11, jnp.int32)
+
+    def f(v):
+        return jnp.sum(jnp.log(v[:1]).at[ids].max(1.0 + v[1:]))
+
+    def oracle(v):
+        loses = jnp.array([True])  # log(0) = -inf never beats 1 + v
+        return jnp.sum(jnp.log(jnp.where(loses, 1.0, v[:1])).at[ids].max(1.0 + v[1:]))
+
+    v = jnp.concatenate([jnp.zeros(1), jnp.arange(11.0)])
+    assert not np.isfinite(np.asarray(jax.grad(f)(v))[0])  # JAX's own derivative
+    d = MODES[mode]
+    np.testing.assert_array_equal(np.asarray(d(guard(f))(v)), np.asarray(d(oracle)(v)))

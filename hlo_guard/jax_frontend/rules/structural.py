@@ -27,6 +27,7 @@ from jax import lax
 import passes.rules as passes_rules
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.mask_ops import (
+    and_,
     broadcast_source,
     is_static,
     lax_ops,
@@ -660,6 +661,30 @@ class _MultiplyingChooser(Structural):
         return self.guards_input(analysis, node, index)
 
 
+class _ScatterChooser(_MultiplyingChooser):
+    """``scatter-max``/``scatter-min``.  The updates' masks come from JAX's
+    VJP (their coefficient is a select: exactly 0 for a loser), but the
+    operand's coefficient is computed as ``1 + sum over its references of
+    (-1 + normalizer) / references``, which float rounding leaves a few ulp
+    off zero for a losing lane with many references (11 updates into one
+    lane: ``-6e-8``, and plain JAX's own derivative there is ``-6e-8 *
+    log'(0) = -inf``).  A losing operand lane is dead by the contract (the
+    per-lane ``if`` never returns it), so its mask is decided by value:
+    live iff it equals the result there (ties share) and the output lane is
+    live."""
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        masks = list(super().input_masks(mctx, node, eqn, out_masks))
+        if masks[0] is NONE:
+            return masks
+        shape = aval_shape(eqn.outvars[0])
+        operand = mctx.value(eqn.invars[0])
+        out = mctx.value(eqn.outvars[0])
+        m = xp(operand, out)
+        masks[0] = and_(out_masks[0], normalize(m.equal(operand, out)), shape)
+        return masks
+
+
 def _transpose(m, mask, perm):
     if perm == tuple(range(len(perm))):
         return mask
@@ -777,8 +802,8 @@ def register(table):
     # nonlinear reductions: the structure of a sum, but the derivative multiplies
     table.register(["reduce_prod"], Structural(guards=True, seed=_as_reduce_sum))
     table.register(["cumprod", "cumlogsumexp"], _Cumulative(guards=True, seed=_as_cumsum))
-    chooser = _MultiplyingChooser()
-    table.register(["cummax", "cummin", "scatter-max", "scatter-min"], chooser)
+    table.register(["cummax", "cummin"], _MultiplyingChooser())
+    table.register(["scatter-max", "scatter-min"], _ScatterChooser())
     # bilinear: the other operand replaced by ones
     table.register("dot_general", DotGeneral())
     table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))
