@@ -43,6 +43,7 @@ from fuzzlib.program import (
     Reduce,
     Scalar,
     ScalarInput,
+    SegmentMax,
     SetAt,
     Unary,
     Where,
@@ -124,6 +125,14 @@ LEAKING = {
     # the dead region passes through an identity call (jit(lambda a: a))
     "where-sqrt-of-real": Where(
         "gt", Leaf("x"), Const(0.0, 4), Unary("sqrt", Identity("real", Leaf("x"))), Const(0.0, 4)
+    ),
+    # segment 0 = sqrt(|x|) at lanes 0, 1: sqrt(0) loses to sqrt(1)
+    "segment-max-drops-sqrt": SegmentMax(
+        "max", Unary("sqrt", Unary("abs", Leaf("x"))), (0, 0, 1, 1), 2
+    ),
+    # segment 1 = 1/y at lanes 1, 3: 1/0 = inf never the minimum
+    "segment-min-drops-reciprocal": SegmentMax(
+        "min", Unary("reciprocal", Leaf("y")), (0, 1, 2, 1), 3
     ),
     # d/ds sums s' lanes: the dead lane's 0 * -inf (log(0)) goes into it
     "where-scalar-times-log": Where(

@@ -25,6 +25,9 @@ genuinely live:
 * ``max``/``min`` reductions: JAX's reduction over exactly the lanes equal to
   the result (each gets an equal share); with a NaN among the lanes no lane
   equals the result and none gets a derivative.
+* ``segment_max``/``segment_min``: as the reductions, per segment, with the
+  identity the segment starts from (-inf for max) counted as one more tied
+  lane when the result equals it (JAX's ``scatter-max`` JVP).
 * ``sum``/``mean`` read every lane; they are computed by JAX over the stacked
   lanes so the value is bit-for-bit the vectorised one (branch decisions
   downstream must see the same numbers).
@@ -60,6 +63,7 @@ from fuzzlib.program import (
     N,
     Reduce,
     Scalar,
+    SegmentMax,
     SetAt,
     Slice,
     Unary,
@@ -88,6 +92,27 @@ def _choose(a, b, va, vb, greater):
     if va == vb:
         return pick(a, b)
     return lax.stop_gradient(pick(a, b))
+
+
+def _segment_choose(op, lanes, values, dtype):
+    """One segment of ``jax.ops.segment_max``/``_min``, JAX's scatter JVP:
+    the lanes equal to the result share the derivative; when the result is
+    the identity the segment starts from (-inf for max), that constant is
+    one more of them (``1 / (count + 1)`` each); with a NaN among the lanes
+    none gets any (no update equals the result)."""
+    identity = -np.inf if op == "max" else np.inf
+    start = jnp.asarray(identity, dtype)
+    if not lanes:
+        return start
+    values = np.asarray(values)
+    reduce = getattr(jnp, op)
+    if np.isnan(values).any():
+        return lax.stop_gradient(reduce(jnp.stack([start, *lanes])))
+    best = values.max() if op == "max" else values.min()
+    tied = [v for v, w in zip(lanes, values) if w == best]
+    if best == identity:
+        tied.append(start)
+    return reduce(jnp.stack(tied))
 
 
 def _reduce_choose(op, lanes, values):
@@ -166,6 +191,11 @@ class LaneEvaluator:
             if i in node.idx:
                 return lane(node.b, node.idx.index(i))
             return lane(node.a, i)
+        if isinstance(node, SegmentMax):
+            members = [j for j, k in enumerate(node.ids) if k == i]
+            (values,) = self.decisions[id(node)]
+            vals = [_lane_of(values, j) for j in members]
+            return _segment_choose(node.op, [lane(node.a, j) for j in members], vals, self.dtype)
         raise TypeError(type(node).__name__)
 
 

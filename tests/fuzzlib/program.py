@@ -329,6 +329,25 @@ class SetAt:
         return self.a.length
 
 
+@dataclass(frozen=True)
+class SegmentMax:
+    """``jax.ops.segment_max`` (``op="max"``) or ``segment_min`` of ``a`` over
+    the static segment ids ``ids`` (one per lane of ``a``): a lane that is
+    not its segment's extremum is dead.  An empty segment holds the identity
+    (-inf for max, inf for min), a constant; when every lane of a segment is
+    that identity, the constant ties with them (JAX's ``scatter-max`` JVP
+    counts it)."""
+
+    op: str
+    a: Node
+    ids: tuple[int, ...]
+    n_segments: int
+
+    @property
+    def length(self):
+        return self.n_segments
+
+
 Node = (
     Leaf
     | Const
@@ -344,6 +363,7 @@ Node = (
     | Gather
     | Concat
     | SetAt
+    | SegmentMax
 )
 
 
@@ -401,4 +421,9 @@ def to_source(node) -> str:
         return f"jnp.concatenate([{to_source(node.a)}, {to_source(node.b)}])"
     if isinstance(node, SetAt):
         return f"{to_source(node.a)}.at[jnp.array({list(node.idx)})].set({to_source(node.b)})"
+    if isinstance(node, SegmentMax):
+        return (
+            f"jax.ops.segment_{node.op}({to_source(node.a)}, jnp.array({list(node.ids)}), "
+            f"num_segments={node.n_segments})"
+        )
     raise TypeError(t)

@@ -38,6 +38,7 @@ from fuzzlib.program import (
     Reduce,
     Scalar,
     ScalarInput,
+    SegmentMax,
     SetAt,
     Slice,
     Unary,
@@ -151,13 +152,14 @@ SCALAR_OPS = ["mul", "div", *sorted(BINARY), "maximum", "minimum"]
 
 
 @st.composite
-def nodes(draw, n, depth, unary=None, identity=False, scalar=False):
+def nodes(draw, n, depth, unary=None, identity=False, scalar=False, segments=False):
     """``unary``: the elementwise ops to draw from (default: all of UNARY; a
     front end without some op passes its own list).  ``identity``: sometimes
     wrap a node in an identity call (``x.real``, ...); ``scalar``: sometimes
     wrap a node in a binary op (or ``maximum``/``minimum``) with the 0-d input
-    ``s`` (both JAX-only)."""
-    node = _node(draw, n, depth, unary, identity, scalar)
+    ``s``; ``segments``: draw ``jax.ops.segment_max``/``segment_min`` nodes
+    too (all three JAX-only)."""
+    node = _node(draw, n, depth, unary, identity, scalar, segments)
     if identity and draw(st.integers(0, IDENTITY_ODDS - 1)) == IDENTITY_ODDS - 1:
         ops = sorted(IDENTITY) if n > 1 else sorted(set(IDENTITY) - {"squeeze"})
         node = Identity(draw(st.sampled_from(ops)), node)
@@ -168,10 +170,10 @@ def nodes(draw, n, depth, unary=None, identity=False, scalar=False):
     return node
 
 
-def _node(draw, n, depth, unary, identity, scalar):
+def _node(draw, n, depth, unary, identity, scalar, segments=False):
     if depth <= 0 or draw(st.integers(0, 7)) == 0:
         return _leafish(draw, n)
-    sub = lambda m: draw(nodes(m, depth - 1, unary, identity, scalar))  # noqa: E731
+    sub = lambda m: draw(nodes(m, depth - 1, unary, identity, scalar, segments))  # noqa: E731
     kinds = (
         ["unary"] * 4
         + ["binary"] * 3
@@ -181,6 +183,7 @@ def _node(draw, n, depth, unary, identity, scalar):
         + ["slice", "gather", "setat"]
         + (["concat"] if n >= 2 else [])
         + (["reduce"] * 3 if n == 1 else [])
+        + (["segment"] * 2 if segments else [])
     )
     kind = draw(st.sampled_from(kinds))
     if kind == "unary":
@@ -218,6 +221,10 @@ def _node(draw, n, depth, unary, identity, scalar):
     if kind == "concat":
         k = draw(st.integers(1, n - 1))
         return Concat(sub(k), sub(n - k))
+    if kind == "segment":
+        m = draw(st.integers(1, MAX_LEN))
+        ids = tuple(draw(st.lists(st.integers(0, n - 1), min_size=m, max_size=m)))
+        return SegmentMax(draw(st.sampled_from(["max", "min"])), sub(m), ids, n)
     if kind == "setat":
         idx = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True)))
         blen = len(idx) if draw(st.booleans()) else 1
@@ -258,8 +265,8 @@ def _replace(node, old, new):
 def programs(draw, max_depth=4, unary=None, extras=False):
     """``extras`` (the JAX fuzzer): in about a third of the programs identity
     calls, and in about half binary ops that read the scalar input ``s``
-    (see :data:`IDENTITY_ODDS`)."""
+    (see :data:`IDENTITY_ODDS`); segment maxima and minima throughout."""
     n = draw(st.sampled_from([N, N, N, 1, 2, 3, 5]))
     identity = extras and draw(st.integers(0, 2)) == 2
     scalar = extras and draw(st.integers(0, 1)) == 1
-    return draw(nodes(n, draw(st.integers(1, max_depth)), unary, identity, scalar))
+    return draw(nodes(n, draw(st.integers(1, max_depth)), unary, identity, scalar, extras))

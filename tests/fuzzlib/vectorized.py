@@ -27,6 +27,7 @@ from fuzzlib.program import (
     Leaf,
     Reduce,
     Scalar,
+    SegmentMax,
     SetAt,
     Slice,
     Unary,
@@ -95,6 +96,11 @@ def evaluate(node, env, decisions=None):
         return jnp.concatenate([ev(node.a), ev(node.b)])
     if isinstance(node, SetAt):
         return ev(node.a).at[jnp.array(node.idx)].set(ev(node.b))
+    if isinstance(node, SegmentMax):
+        a = ev(node.a)
+        note(node, a)
+        segment = getattr(jax.ops, f"segment_{node.op}")
+        return segment(a, jnp.array(node.ids), num_segments=node.n_segments)
     raise TypeError(type(node).__name__)
 
 
