@@ -95,8 +95,6 @@ CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
             "reduce",
             "reduce_window",
             "select_and_scatter",
-            "select_and_scatter_add",
-            "select_and_gather_add",
             "scatter-mul",
             "ragged_dot_general",
             "scaled_dot",

@@ -794,6 +794,15 @@ def register(table):
     table.register(
         ["reduce_window_max", "reduce_window_min"], Structural(_always, value_dependent=True)
     )
+    # max pooling's own derivative ops, met in a loss that differentiates a
+    # pooling inside it (a gradient penalty, an inner jvp): the tangent at
+    # each window's argmax gathered, or the cotangent scattered there -- a
+    # selection by the operand's values whose JAX derivative is the other
+    # of the two (exact zeros); the operand itself gets no derivative
+    table.register(
+        ["select_and_gather_add", "select_and_scatter_add"],
+        Structural(_always, value_dependent=True),
+    )
     table.register("top_k", Structural(_always, value_dependent=True))
     # lax.approx_max_k/approx_min_k: JAX differentiates it as top_k (a gather
     # of the chosen lanes); the probe runs the op itself, so its choice is the
