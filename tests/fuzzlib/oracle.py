@@ -95,24 +95,15 @@ def _choose(a, b, va, vb, greater):
 
 
 def _segment_choose(op, lanes, values, dtype):
-    """One segment of ``jax.ops.segment_max``/``_min``, JAX's scatter JVP:
-    the lanes equal to the result share the derivative; when the result is
-    the identity the segment starts from (-inf for max), that constant is
-    one more of them (``1 / (count + 1)`` each); with a NaN among the lanes
-    none gets any (no update equals the result)."""
+    """One segment of ``jax.ops.segment_max``/``_min``, JAX's scatter JVP: a
+    reduction (:func:`_reduce_choose`) over the segment's lanes and the
+    identity the segment starts from (-inf for max), a constant.  So the
+    lanes equal to the result share the derivative, the identity counting as
+    one more of them when the result is the identity; with a NaN among the
+    lanes none gets any; an empty segment is the identity."""
     identity = -np.inf if op == "max" else np.inf
     start = jnp.asarray(identity, dtype)
-    if not lanes:
-        return start
-    values = np.asarray(values)
-    reduce = getattr(jnp, op)
-    if np.isnan(values).any():
-        return lax.stop_gradient(reduce(jnp.stack([start, *lanes])))
-    best = values.max() if op == "max" else values.min()
-    tied = [v for v, w in zip(lanes, values) if w == best]
-    if best == identity:
-        tied.append(start)
-    return reduce(jnp.stack(tied))
+    return _reduce_choose(op, [*lanes, start], [*values, identity])
 
 
 def _reduce_choose(op, lanes, values):
