@@ -131,6 +131,25 @@ class JaxRule(Rule):
         return [ALL] * len(eqn.outvars)
 
 
+class ForwardExitSelection(JaxRule):
+    """A selection whose JVP *multiplies* each operand's tangent by its
+    indicator (0/1, or shared among ties) instead of selecting it: ``max``/
+    ``min``, ``reduce_max``/``reduce_min``, ``cummax``, ``scatter-max``.  A
+    non-finite tangent in a lane it does not choose then turns NaN in a live
+    output lane, so its partly dead inputs are guarded as forward-mode exits
+    (:meth:`passes.rules.Rule.forward_exit`), not as reverse hazards (its
+    transpose multiplies a finite cotangent by 0 or 1); its outputs need no
+    guard of their own -- the tangent it multiplies is already 0 there."""
+
+    guards = True
+
+    def guards_output(self, analysis, node, index):
+        return False
+
+    def forward_exit(self, analysis, node, index):
+        return self.guards_input(analysis, node, index)
+
+
 def same_as_output(eqn, outs) -> list[Liveness]:
     lv = joined(outs)
     return [lv] * len(eqn.invars)

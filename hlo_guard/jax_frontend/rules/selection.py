@@ -31,6 +31,7 @@ from hlo_guard.jax_frontend.mask_ops import (
     xp,
 )
 from hlo_guard.jax_frontend.rules.base import (
+    ForwardExitSelection,
     JaxRule,
     LazyMasks,
     aval_shape,
@@ -146,19 +147,12 @@ class SelectN(JaxRule):
         return [_chosen_forward(chosen, in_masks[1:], shape)]
 
 
-class MaxMin(JaxRule):
+class MaxMin(ForwardExitSelection):
+    """``max``/``min``: live where the operand equals the result (ties: both;
+    JAX's JVP multiplies each operand's tangent by a 0/0.5/1 indicator)."""
+
     lane_local = "same-shape"
-    """``max``/``min``: live where the operand equals the result (ties: both)."""
-
     kind = "selection"
-    guards = True
-
-    def guards_output(self, analysis, node, index):
-        return False  # its inputs are guarded; the tangent it multiplies is already 0
-
-    def forward_exit(self, analysis, node, index):
-        # JAX's JVP multiplies each operand's tangent by a 0/0.5/1 indicator
-        return self.guards_input(analysis, node, index)
 
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
@@ -250,18 +244,11 @@ class Clamp(JaxRule):
         return [_chosen_forward(chosen, in_masks, shape)]
 
 
-class ReduceChooser(JaxRule):
-    """``reduce_max``/``reduce_min``: live where the element equals the result."""
+class ReduceChooser(ForwardExitSelection):
+    """``reduce_max``/``reduce_min``: live where the element equals the result
+    (JAX's JVP sums tangent * location-indicator / count)."""
 
     kind = "selection"
-    guards = True
-
-    def guards_output(self, analysis, node, index):
-        return False
-
-    def forward_exit(self, analysis, node, index):
-        # JAX's JVP sums tangent * location-indicator / count
-        return self.guards_input(analysis, node, index)
 
     def transfer(self, analysis, node, outs):
         return [dropping(analysis, node, joined(outs))]

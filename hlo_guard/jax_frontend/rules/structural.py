@@ -37,6 +37,7 @@ from hlo_guard.jax_frontend.mask_ops import (
     xp,
 )
 from hlo_guard.jax_frontend.rules.base import (
+    ForwardExitSelection,
     JaxRule,
     aval_shape,
     diff_indices,
@@ -631,7 +632,7 @@ class _Cumulative(_BoolLayout):
         return self._cumulative_or(m, mask, p["axis"], p["reverse"])
 
 
-class _MultiplyingChooser(Structural):
+class _MultiplyingChooser(ForwardExitSelection, Structural):
     """A value-dependent selection whose JVP *multiplies* each tangent by a
     0 / 1 / 1-over-ties coefficient: ``cummax``/``cummin`` (a running
     maximum; JAX differentiates it as an associative scan of ``max``) and
@@ -647,18 +648,12 @@ class _MultiplyingChooser(Structural):
     kept its ``0 * inf``, unguarded and unreported (found 2026-11-26,
     ``sum(cummax(log(x))[1:])``); ``scatter-max`` had no rule (reported).
     Like ``reduce_max`` these are forward-mode exits, not reverse hazards
-    (:meth:`forward_exit`)."""
+    (:class:`ForwardExitSelection`)."""
 
     kind = "selection"
 
     def __init__(self):
         super().__init__(_always, guards=True, value_dependent=True)
-
-    def guards_output(self, analysis, node, index):
-        return False
-
-    def forward_exit(self, analysis, node, index):
-        return self.guards_input(analysis, node, index)
 
 
 class _ScatterChooser(_MultiplyingChooser):
