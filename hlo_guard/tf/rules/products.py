@@ -38,6 +38,23 @@ def _einsum_labels(op) -> tuple[list[str], str] | None:
     return terms, out
 
 
+def _relabel(mask, source: str, target: str):
+    """``mask``, whose axes carry the labels ``source``, as a mask over the
+    labels ``target``, up to broadcasting: ``any`` over the labels ``target``
+    lacks, the shared labels transposed into ``target``'s order, a size-1
+    axis for each label ``source`` lacks."""
+    dropped = [k for k, c in enumerate(source) if c not in target]
+    out = tf.reduce_any(mask, axis=dropped) if dropped else mask
+    shared = [c for c in source if c in target]  # out's axes
+    order = [shared.index(c) for c in target if c in source]
+    if order != list(range(len(order))):
+        out = tf.transpose(out, order)
+    for k, c in enumerate(target):
+        if c not in source:
+            out = tf.expand_dims(out, k)
+    return out
+
+
 def einsum_masks(mctx, op, out_masks) -> list | None:
     """Operand masks of an ``Einsum`` without contracting anything, as
     :func:`matmul_masks` for a matmul.  With every other operand replaced by
@@ -78,14 +95,7 @@ def einsum_masks(mctx, op, out_masks) -> list | None:
                 if found is not None:
                     result[i] = normalize(found)
                     continue
-            keep = tf.reduce_any(out, axis=lacked) if lacked else out
-            shared = [c for c in out_labels if c in term]  # keep's axes
-            order = [shared.index(c) for c in term if c in out_labels]
-            if order != list(range(len(order))):
-                keep = tf.transpose(keep, order)
-            for k, c in enumerate(term):
-                if c not in out_labels:
-                    keep = tf.expand_dims(keep, k)
+            keep = _relabel(out, out_labels, term)
             if not (shape is not None and keep.shape == shape):
                 keep = tf.broadcast_to(keep, _shape_of(mctx, t))
             result[i] = normalize(keep)
@@ -113,15 +123,7 @@ def einsum_forward_masks(mctx, op, in_masks) -> list | None:
         for term, m, t in zip(terms, in_masks, op.inputs):
             if not is_inexact(t.dtype) or m is NONE:
                 continue
-            contracted = [k for k, c in enumerate(term) if c not in out_labels]
-            keep = tf.reduce_any(m, axis=contracted) if contracted else m
-            shared = [c for c in term if c in out_labels]  # keep's axes
-            order = [shared.index(c) for c in out_labels if c in term]
-            if order != list(range(len(order))):
-                keep = tf.transpose(keep, order)
-            for k, c in enumerate(out_labels):
-                if c not in term:
-                    keep = tf.expand_dims(keep, k)
+            keep = _relabel(m, term, out_labels)
             found = keep if found is None else tf.logical_or(found, keep)
         assert found is not None  # some operand's mask is a tensor
         out = op.outputs[0]
