@@ -145,3 +145,14 @@ def test_a_losing_scatter_max_operand_with_many_updates_is_dead(mode):
     assert not np.isfinite(np.asarray(jax.grad(f)(v))[0])  # JAX's own derivative
     d = MODES[mode]
     np.testing.assert_array_equal(np.asarray(d(guard(f))(v)), np.asarray(d(oracle)(v)))
+
+
+def test_a_winning_singular_segment_lane_stays_infinite():
+    """``-sqrt(0) = 0`` is its segment's maximum: ``sqrt'(0)`` there is
+    genuine; the losing ``-sqrt(1)`` gets an exact 0."""
+
+    def f(x):
+        return jnp.sum(jax.ops.segment_max(-jnp.sqrt(x), jnp.array([0, 0]), num_segments=1))
+
+    g = np.asarray(jax.grad(guard(f))(jnp.array([0.0, 1.0])))
+    assert np.isinf(g[0]) and g[1] == 0.0

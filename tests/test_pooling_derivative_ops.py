@@ -82,3 +82,16 @@ def test_the_ops_are_followed_not_reported(case):
 
 def test_the_gathered_tangent_leaks_without_the_guard():
     assert np.isnan(np.asarray(jax.grad(tangent_at_the_maxima)(X))).any()
+
+
+def test_a_singular_tangent_at_a_window_maximum_stays_infinite():
+    """A window of zeros: its maximum (the first 0, JAX's ``ge`` select) is
+    chosen, and ``sqrt'(0)`` there is genuine; the window's other zeros lose."""
+    x = jnp.array([[0.0, 0.0], [0.0, 0.0]]).reshape(1, 2, 2, 1)
+
+    def f(x):
+        return jnp.sum(jax.jvp(pool, (x,), (jnp.sqrt(x),))[1])
+
+    g = np.asarray(jax.grad(guard(f))(x)).ravel()
+    assert np.isinf(g[0])
+    np.testing.assert_array_equal(g[1:], [0.0, 0.0, 0.0])
