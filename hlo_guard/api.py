@@ -29,6 +29,7 @@ from hlo_guard.jax_frontend.argument_tangents import (
 )
 from hlo_guard.jax_frontend.compat import public_nan_errors, staged_into_a_jaxpr
 from hlo_guard.jax_frontend.interpreter import run_guarded
+from hlo_guard.jax_frontend.surgery import CALL_PREFIX, evaluate_by_surgery
 from hlo_guard.jax_frontend.trace_cache import (
     DEFAULT_CACHE_BYTES,
     DEFAULT_CACHE_SIZE,
@@ -175,9 +176,19 @@ class GuardedFunction:
         with collection_paused():
             program, leaves = self.traced(*args, **kwargs)
         with public_nan_errors(), collection_paused(building_a_program()):
-            outs = run_guarded(
-                program.analysis, program.closed_jaxpr.consts, leaves, mode=self.mode
-            )
+            outs = None
+            if not getattr(_INSPECTING, "active", False):
+                outs = evaluate_by_surgery(
+                    program.analysis,
+                    program.closed_jaxpr.consts,
+                    leaves,
+                    self.mode,
+                    _call_name(self.fn),
+                )
+            if outs is None:
+                outs = run_guarded(
+                    program.analysis, program.closed_jaxpr.consts, leaves, mode=self.mode
+                )
         n_state = len(program.updated_leaves)
         if n_state:
             outs, state = outs[: len(outs) - n_state], outs[len(outs) - n_state :]
@@ -239,6 +250,13 @@ def evaluating_the_inspected_program():
         yield
     finally:
         _INSPECTING.active = prev
+
+
+def _call_name(fn) -> str:
+    """The name of the one call a guarded program is staged as under
+    ``jax.jit`` (:mod:`hlo_guard.jax_frontend.surgery`): ``guarded_<fn>``."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return f"{CALL_PREFIX}{name}"
 
 
 def _check_has_aux(has_aux, who: str) -> bool:

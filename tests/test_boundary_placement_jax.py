@@ -14,6 +14,7 @@ import pytest
 from double_where import assert_like_double_where, modes
 
 from hlo_guard import guard
+from hlo_guard.jax_frontend.surgery import spliced_program
 from passes.planning import plan_boundary_guards
 
 X = jnp.array([-1.0, 0.0, 0.5, 2.0])
@@ -133,7 +134,7 @@ def _guard_selects(f, *args) -> int:
     equations one of whose cases is a ``stop_gradient``, and the
     ``custom_jvp`` wrappers that guard an implicitly broadcast operand inside
     an op's derivative (the functions here have no custom_jvp of their own)."""
-    closed = jax.make_jaxpr(guard(f))(*args)
+    closed = spliced_program(jax.make_jaxpr(guard(f))(*args))
     count = 0
 
     def walk(jaxpr):
@@ -391,7 +392,7 @@ def test_a_live_row_with_an_inf_stays_a_genuine_singularity():
 def _contraction_mask_args(fn, *args):
     """Per guarded contraction in ``guard(fn)``'s jaxpr: how many masks it
     carries (its custom_jvp call's operands beyond the contraction's two)."""
-    jaxpr = jax.make_jaxpr(guard(fn))(*args).jaxpr
+    jaxpr = spliced_program(jax.make_jaxpr(guard(fn))(*args)).jaxpr
     return [
         len(e.invars) - 2
         for e in jaxpr.eqns
@@ -428,7 +429,7 @@ def test_every_row_dead_gives_exact_zero_gradients(w_inf):
 def _guards_on_first_argument(fn, *args):
     """How many guard selects ``guard(fn)`` puts on its first argument (each
     reads ``stop_gradient`` of it)."""
-    jaxpr = jax.make_jaxpr(guard(fn))(*args).jaxpr
+    jaxpr = spliced_program(jax.make_jaxpr(guard(fn))(*args)).jaxpr
     first = jaxpr.invars[0]
     return sum(
         1 for e in jaxpr.eqns if e.primitive.name == "stop_gradient" and e.invars[0] is first

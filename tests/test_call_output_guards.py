@@ -29,6 +29,7 @@ from jax import lax
 
 from hlo_guard import guard
 from hlo_guard.jax_frontend.plan import plan_of
+from hlo_guard.jax_frontend.surgery import spliced_program
 
 X = jnp.array([-1.0, 0.0, 0.5, 2.0], jnp.float32)
 
@@ -166,7 +167,7 @@ def test_call_whose_context_makes_zero_tangents_keeps_its_guard(case):
 def test_nested_wrappers_keep_one_guard_and_one_probe():
     """One output guard on the ``custom_jvp`` call, none on the two ``jnp``
     wrappers around it: the rule is probed once, not once per level."""
-    closed = jax.make_jaxpr(guard(nested_softplus))(X)
+    closed = spliced_program(jax.make_jaxpr(guard(nested_softplus))(X))
 
     def count(jaxpr):
         n = 0
@@ -577,7 +578,8 @@ def test_a_lane_mixing_body_under_jit_gets_its_operands_tangent_masks():
     top, inner = _call_output_sites(f, X)
     assert top == []  # the caller no longer guards the mixed outputs
     assert len(inner) == 1  # the body's sqrt, in the caller's context
-    calls = [e for e in jax.make_jaxpr(guard(f))(X).jaxpr.eqns if e.primitive.name == "jit"]
+    program = spliced_program(jax.make_jaxpr(guard(f))(X))
+    calls = [e for e in program.jaxpr.eqns if e.primitive.name == "jit"]
     (call,) = [e for e in calls if e.params["name"] == "_sqrt_plus_mean"]
     assert [(v.aval.dtype.name, v.aval.shape) for v in call.invars] == [
         ("float32", (4,)),
@@ -604,7 +606,7 @@ def test_a_tangent_mask_that_is_a_broadcast_is_passed_as_its_source():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
     (call,) = [
         e
-        for e in jax.make_jaxpr(guard(f))(x, c).jaxpr.eqns
+        for e in spliced_program(jax.make_jaxpr(guard(f))(x, c)).jaxpr.eqns
         if e.primitive.name == "jit" and e.params["name"] == "_sqrt_plus_mean"
     ]
     assert [(v.aval.dtype.name, v.aval.shape) for v in call.invars] == [

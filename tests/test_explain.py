@@ -19,6 +19,7 @@ from jax.experimental import io_callback
 import hlo_guard
 from hlo_guard.inspect.explain import explain
 from hlo_guard.inspect.report_model import ExplainReport
+from hlo_guard.jax_frontend.surgery import spliced_program
 
 THIS = os.path.basename(__file__)
 X = jnp.array([-1.0, 0.0, 1.0, 4.0])
@@ -584,7 +585,7 @@ def test_constants_and_literals_are_neither_listed_nor_guarded():
     for graph, atom in _guard_operands(program.analysis, []):
         assert not graph.is_constant(atom), atom
     # the guarded program uses the constant only in its log: no select on it
-    closed = jax.make_jaxpr(hlo_guard.guard(f_constant_branches))(X)
+    closed = spliced_program(jax.make_jaxpr(hlo_guard.guard(f_constant_branches))(X))
     (cvar,) = [
         v
         for v, c in zip(closed.jaxpr.constvars, closed.consts)

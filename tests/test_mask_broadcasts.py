@@ -21,6 +21,7 @@ from jax import lax
 from hlo_guard import guard
 from hlo_guard.jax_frontend import mask_ops
 from hlo_guard.jax_frontend.mask_ops import lax_ops
+from hlo_guard.jax_frontend.surgery import spliced_program
 
 RNG = np.random.default_rng(7)
 
@@ -177,7 +178,7 @@ def test_layout_rule_masks_equal_the_transposed_float_mask(name, op, shape):
     got = np.asarray(jax.grad(guard(f))(x, m))
     np.testing.assert_array_equal(got, np.asarray(jax.grad(lambda x: f_oracle(op, x, m))(x)))
     assert np.all(got[~live] == 0)
-    jaxpr = jax.make_jaxpr(guard(f))(x, m).jaxpr
+    jaxpr = spliced_program(jax.make_jaxpr(guard(f))(x, m)).jaxpr
     via_floats = [
         e.primitive.name
         for e in jaxpr.eqns
@@ -255,7 +256,7 @@ def test_guarded_jaxpr_captures_no_activation_sized_constants():
         y = jnp.sqrt(x)[:, 1:5, ::2]  # slice: the generic (VJP) rule
         return jnp.sum(jnp.where(y > 1.0, y, 0.0))
 
-    closed = jax.make_jaxpr(guard(f))(x)
+    closed = spliced_program(jax.make_jaxpr(guard(f))(x))
     big = [c.shape for c in closed.consts if np.size(c) > 1]
     assert not big, big
 

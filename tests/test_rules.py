@@ -21,6 +21,7 @@ from jax.interpreters import ad, mlir
 
 from hlo_guard import guard, guarded_jit
 from hlo_guard.jax_frontend.compat import jit_inlines
+from hlo_guard.jax_frontend.surgery import spliced_program
 from passes.lattice import Level
 from passes.planning import plan_guards
 
@@ -244,7 +245,7 @@ def test_max_min_build_no_mask_for_a_bound(op):
         return jnp.sum(0.5 * q**2 + (a - q))
 
     x = jnp.array([0.0, 0.5, 3.0])
-    jaxpr = jax.make_jaxpr(guard(f))(x).jaxpr
+    jaxpr = spliced_program(jax.make_jaxpr(guard(f))(x)).jaxpr
     read = {id(v) for e in jaxpr.eqns for v in e.invars} | {id(v) for v in jaxpr.outvars}
     dead = [e for e in jaxpr.eqns if not any(id(v) in read for v in e.outvars)]
     assert dead == [], dead
@@ -692,7 +693,7 @@ def test_value_in_every_case_of_a_where_is_statically_live():
     np.testing.assert_allclose(got[1:], want[1:], rtol=1e-6)
     # the guarded program carries no side copy of the chain: no stop_gradient
     # feeding a comparison
-    jaxpr = jax.make_jaxpr(hlo_guard.guard(f))(x)
+    jaxpr = spliced_program(jax.make_jaxpr(hlo_guard.guard(f))(x))
     names = [e.primitive.name for e in jaxpr.jaxpr.eqns]
     assert names.count("sqrt") == 3
 

@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import hlo_guard
+from hlo_guard.jax_frontend.surgery import spliced_program
 
 needs_8 = pytest.mark.skipif(
     len(jax.devices()) < 8,
@@ -223,7 +224,7 @@ def _trace_and_guard(n_eqns, limit_s):
     out = jax.make_jaxpr(guarded)(x)  # the guarded re-evaluation, traced
     elapsed = time.perf_counter() - t0
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
-    n_guarded = len(out.jaxpr.eqns)
+    n_guarded = len(spliced_program(out).jaxpr.eqns)
     sys.stderr.write(
         f"[scale] {steps * EQNS_PER_STEP} eqns: trace+analyse {t_analyze:.1f}s, "
         f"+guarded trace {elapsed:.1f}s total, {n_guarded} guarded eqns, "

@@ -670,3 +670,152 @@ def public_nan_errors():
     except InternalNanError as e:
         name, ty = getattr(e, "name", "?"), getattr(e, "ty", "nan")
         raise FloatingPointError(f"invalid value ({ty}) encountered in {name}") from None
+
+
+# -- building a guarded jaxpr by surgery (:mod:`surgery`) -----------------------
+
+
+def plain_jaxpr_trace():
+    """The trace bound now if it is a plain jaxpr trace (``jax.jit``,
+    ``make_jaxpr``; not a JVP, batching or eager evaluation), else None."""
+    return _plain_jaxpr_trace()
+
+
+def staged_in(x, trace) -> bool:
+    """Whether ``x`` is a tracer of the jaxpr trace ``trace``."""
+    return _RESTAGE is not None and _staged_in(x, trace)
+
+
+@contextlib.contextmanager
+def side_trace():
+    """A fresh jaxpr trace, bound for the block (yielded; None when this JAX
+    has none we know).  :mod:`surgery` computes masks and guards in it, reading
+    the program's own variables (:func:`tracer_of`), and takes the equations
+    it staged (:func:`staged_equations`) to splice them into the program --
+    what ``pe.trace_to_jaxpr_dynamic`` does, with inputs that are not new
+    arguments but the variables of the jaxpr being rewritten."""
+    if _RESTAGE is None:
+        yield None
+        return
+    from jax._src import core as jcore
+
+    parent = jcore.trace_ctx.trace
+    trace = _RESTAGE[1](None, parent_trace=parent)
+    with jcore.set_current_trace(trace):
+        yield trace
+
+
+def tracer_of(trace, var):
+    """A tracer of ``trace`` (:func:`side_trace`) standing for the existing
+    variable ``var``: equations staged from it read ``var`` itself."""
+    return trace.var_to_tracer(var, _RESTAGE[4]())
+
+
+def staged_equations(trace):
+    """``(eqns, constvars, constvals)`` staged into a :func:`side_trace` so far,
+    in staging order."""
+    frame = trace.frame
+    constvars = list(frame.constvar_to_val)
+    return frame.get_eqns(), constvars, [frame.constvar_to_val[v] for v in constvars]
+
+
+def _late_inline(template):
+    """The ``inline`` value of a call kept in the jaxpr and inlined when
+    lowering: jax 0.11/0.12 ``Inline.JAX_LATE``.  jax 0.10 has no such value:
+    its ``inline=False`` call is lowered as a function of its own, which XLA
+    inlines -- after fusion decisions that can round a derivative a few ulp
+    differently from the flat program (``digamma``'s), and the StableHLO the
+    user dumps holds a call -- so there the call is ``inline=True``, inlined
+    while tracing by JAX's own ``pe.inline_jaxpr_into_trace``."""
+    if isinstance(template, bool):
+        return True
+    return getattr(type(template), "JAX_LATE", template)
+
+
+def calls_kept_until_lowering() -> bool:
+    """Whether :func:`bind_as_call` leaves its call in the jaxpr (jax 0.11+)
+    rather than inlining it while tracing (jax 0.10)."""
+    template = _call_template()
+    return template is not None and not isinstance(template["inline"], bool)
+
+
+_CALL_PARAMS: dict[str, Any] = {}
+
+
+def _call_template():
+    """The parameters ``jax.jit`` gives a one-argument call staged with no mesh
+    in context, read once from a traced ``jit`` (the parameter set is the same
+    on jax 0.10-0.12; per-argument tuples are widened by :func:`bind_as_call`)."""
+    if "params" not in _CALL_PARAMS:
+        import jax
+        import numpy as np
+
+        found = None
+        if _PLAIN_JIT is not None:
+            eqns = jax.make_jaxpr(jax.jit(lambda a: a))(np.float32(0)).jaxpr.eqns
+            if len(eqns) == 1 and eqns[0].primitive is _PLAIN_JIT[0]:
+                found = dict(eqns[0].params)
+        _CALL_PARAMS["params"] = found
+    return _CALL_PARAMS["params"]
+
+
+_PER_INPUT = ("in_shardings", "in_layouts", "donated_invars")
+_PER_OUTPUT = ("out_shardings", "out_layouts")
+
+
+def jaxpr_with_inputs(like, invars, outvars, eqns):
+    """A jaxpr of ``eqns`` with no constants, reading ``invars`` (the caller
+    passes the constants ``like`` closed over as leading operands), with
+    ``like``'s effects and debug info (nameless leading arguments).  Built
+    from its parts: jax 0.12's ``Jaxpr`` carries its constants' values and
+    its ``replace`` keeps them."""
+    from jax.extend.core import Jaxpr
+
+    debug = like.debug_info
+    names = getattr(debug, "arg_names", None)
+    if debug is not None and names is not None:
+        extra = len(invars) - len(like.invars)
+        debug = debug._replace(arg_names=("",) * extra + tuple(names))
+    return Jaxpr((), list(invars), list(outvars), list(eqns), like.effects, debug)
+
+
+def bind_as_call(jaxpr, args, name: str):
+    """Stage ``jaxpr`` (no constants: :func:`jaxpr_with_inputs`) as ONE ``jit`` call reading
+    ``args`` into the jaxpr being traced, its equations taken as they are (no
+    re-tracing) -- or None where that cannot be done here (not a plain jaxpr
+    trace, a mesh in context, a JAX whose ``jit`` parameters we have not read).
+    The call is kept in the jaxpr and inlined when lowering (jax 0.11/0.12),
+    or inlined while tracing (jax 0.10: :func:`_late_inline`)."""
+    if _plain_jaxpr_trace() is None or not no_mesh_in_context():
+        return None
+    template = _call_template()
+    if template is None:  # pragma: no cover - a future JAX
+        return None
+    from jax.extend.core import ClosedJaxpr
+
+    params = dict(template)
+    for key in _PER_INPUT:
+        params[key] = (template[key][0],) * len(jaxpr.invars)
+    for key in _PER_OUTPUT:
+        params[key] = (template[key][0],) * len(jaxpr.outvars)
+    params.update(jaxpr=ClosedJaxpr(jaxpr, []), name=name)
+    params["inline"] = _late_inline(template["inline"])
+    return list(_PLAIN_JIT[0].bind(*args, **params))
+
+
+def close_leading_inputs(jaxpr, values):
+    """``jaxpr`` with its first ``len(values)`` inputs closed over ``values``
+    (the inverse of :func:`jaxpr_with_inputs`): a ``ClosedJaxpr``."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    if hasattr(jaxpr, "num_consts"):  # jax 0.12: the leading inputs carry the constants
+        return ClosedJaxpr(jaxpr, list(values))
+    n = len(values)
+    debug = jaxpr.debug_info
+    names = getattr(debug, "arg_names", None)
+    if debug is not None and names is not None:
+        debug = debug._replace(arg_names=tuple(names)[n:])
+    inner = Jaxpr(
+        jaxpr.invars[:n], jaxpr.invars[n:], jaxpr.outvars, jaxpr.eqns, jaxpr.effects, debug
+    )
+    return ClosedJaxpr(inner, list(values))

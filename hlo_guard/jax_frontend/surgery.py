@@ -1,0 +1,288 @@
+"""The guarded jaxpr built by surgery: the program's own equations kept as
+they are, guard and mask equations spliced in before the uses they guard,
+and the result staged as one call (issue 17, item 3).
+
+The interpreter (:mod:`interpreter`) re-evaluates every equation into the
+jaxpr being traced -- copying an unchanged one still costs JAX's staging of
+a fresh equation, and on a guard-dense program the rewrite took longer than
+tracing the user's function.  JAX's own jaxpr passes (``pe.dce_jaxpr``,
+``partial_eval_jaxpr_nounits``) instead build the new jaxpr from the old
+one's equations.  So does this module, for the programs where the rewrite
+only inserts guards:
+
+1. Masks and guards are computed by the interpreter's own ``Scope`` (the same
+   rules, resolvers and guard sharing), in a side trace whose "values" are
+   tracers standing for the program's variables (:class:`VariableValues`):
+   what they stage reads those variables directly.
+2. Each staged equation is placed right after the last program equation
+   whose result it reads (its *position*); a guard must be in place before
+   the use it guards -- a mask that reads a value computed after that use
+   (a predicate downstream of the guarded operation, which the interpreter
+   computes on the side) cannot be, and the interpreter is used instead.
+3. The guarded uses read the guards' results (``eqn.replace(invars=...)``);
+   a forward-mode output guard renames its value for every later reader.
+4. The new jaxpr is staged as one ``jit`` call (:func:`compat.bind_as_call`):
+   its equations are not traced again.
+
+Where surgery cannot express the rewrite, :func:`evaluate_by_surgery`
+returns None and the interpreter runs, named here so that the list is kept
+in one place:
+
+* value mode (a substitution per hazard, not a guard);
+* a call or control-flow body with guards inside (the body is re-bound with
+  guarded bodies: ``plan.rewritten_bodies``);
+* a guarded contraction or an implicitly broadcast operand (the guard sits
+  inside the operation's own derivative: ``bind_with_contraction_guards``,
+  ``bind_with_broadcast_guards``);
+* effects in the program (effectful equations must run exactly once, in
+  order, and a call's effects need their own bookkeeping), or a high-level
+  primitive (jax 0.12's ``jnp.ldexp``: the jaxpr must be lowered to
+  primitives before it is compiled, which a call's body is not);
+* not a plain jaxpr trace (eager evaluation, a JVP or batching trace: the
+  interpreter re-binds there, which is what those transformations need), a
+  tracer of an enclosing transformation among the program's constants, a
+  mesh in context;
+* a mask that needs a value computed after the use it guards (step 2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax.core import Tracer
+
+from hlo_guard.jax_frontend import compat
+from hlo_guard.jax_frontend.binding import eqn_context
+from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
+from hlo_guard.jax_frontend.plan import plan_of
+from hlo_guard.jax_frontend.rules import RULES
+from hlo_guard.jax_frontend.side_values import MISSING, ScopeValues
+from passes.analysis import Analysis
+from passes.masks import ALL
+from passes.rules import BroadcastOperandRule, implements
+
+#: the name of the call a guarded program is staged as starts with this
+CALL_PREFIX = "guarded_"
+
+
+class VariableValues(ScopeValues):
+    """The values a ``Scope`` reads, each a tracer of the side trace standing
+    for the program's variable itself (:func:`compat.tracer_of`), so that
+    what is staged from it reads that variable -- while the variable is
+    defined before the equation being guarded (:attr:`frontier`).  A value
+    defined later (a predicate downstream of the guarded operation, the
+    result ``maximum``'s mask compares against) is computed on the side from
+    gradient-stopped inputs, as the interpreter computes it."""
+
+    def __init__(self, graph: JaxprGraph, trace):
+        super().__init__(graph, [], [])
+        self._trace = trace
+        #: variables produced by equations before this one are available
+        self.frontier = 0
+
+    def known(self, var):
+        found = self.env.get(var)
+        if found is not None:
+            return found
+        prod = self.graph.producer(var)
+        if prod is None or prod[0] < self.frontier:
+            found = self.env[var] = compat.tracer_of(self._trace, var)
+            return found
+        return self.shadow.get(var, MISSING)
+
+
+def evaluate_by_surgery(analysis: Analysis, consts, args, mode: str, name: str):
+    """The guarded program's outputs, staged as one call built by surgery,
+    or None where surgery does not apply (see the module docstring)."""
+    trace = compat.plain_jaxpr_trace()
+    if trace is None or mode != "gradient":
+        return None
+    graph = analysis.graph
+    if not isinstance(graph, JaxprGraph):
+        return None
+    jaxpr = graph.jaxpr
+    if jaxpr.effects or getattr(jaxpr, "is_high", False):
+        return None
+    if any(isinstance(c, Tracer) for c in consts):
+        return None
+    if not all(compat.staged_in(a, trace) for a in args):
+        return None
+    plan = plan_of(analysis)
+    if plan.rewritten_bodies(mode) or plan.guarded_contractions:
+        return None
+    sites = plan.sites_for(mode)
+    out_sites = plan.output_sites_by_node
+    if any(_broadcast_inside(graph, node, s) for node, ss in sites.items() for s in ss):
+        return None
+    spliced = _guards_in_side_trace(analysis, graph, sites, out_sites, mode)
+    if spliced is None:
+        return None
+    new_jaxpr, new_consts = spliced
+    outs = compat.bind_as_call(new_jaxpr, [*consts, *new_consts, *args], name)
+    if outs is None:
+        return None
+    plan.record.finished.add(mode)
+    return outs
+
+
+def _broadcast_inside(graph: JaxprGraph, node: int, site) -> bool:
+    """Whether this site's guard would sit inside the operation's derivative:
+    an operand the operation broadcasts implicitly (``Scope._implicitly_broadcast``)."""
+    if site.statically_dead:
+        return False
+    eqn = graph.eqns[node]
+    if len(eqn.outvars) != 1:
+        return False
+    if not implements(RULES.get(eqn.primitive.name), BroadcastOperandRule):
+        return False
+    return tuple(eqn.invars[site.index].aval.shape) != tuple(eqn.outvars[0].aval.shape)
+
+
+def _guards_in_side_trace(
+    analysis: Analysis, graph: JaxprGraph, sites: dict, out_sites: dict, mode: str
+) -> tuple[Any, list] | None:
+    """Compute every guard in a side trace and splice its equations in:
+    ``(jaxpr, added constants)``, or None when a guard could not be placed
+    before its use."""
+    from hlo_guard.jax_frontend.interpreter import Scope
+
+    jaxpr = graph.jaxpr
+    #: node -> its operands after guarding (tracers of the side trace, or atoms)
+    guarded_operands: dict[int, list[Any]] = {}
+    #: variable -> its forward-mode guarded value, read by every later use
+    renamed: dict[Any, Any] = {}
+    renamed_at: dict[Any, int] = {}
+    with compat.side_trace() as side:
+        if side is None:
+            return None
+        scope = Scope(analysis, [], [], [ALL] * len(jaxpr.outvars), mode=mode)
+        scope.values = VariableValues(graph, side)
+        for node in sorted(set(sites) | set(out_sites)):
+            eqn = graph.eqns[node]
+            with eqn_context(eqn):
+                node_sites = sites.get(node, ())
+                scope.values.frontier = node
+                if node_sites:
+                    operands = [_current(v, renamed) for v in eqn.invars]
+                    for site in node_sites:
+                        v = eqn.invars[site.index]
+                        if isinstance(v, Literal):
+                            x = v.val
+                        else:
+                            x = renamed[v] if v in renamed else scope.values.value(v)
+                        operands[site.index] = scope.shared_guard(node, site, x)
+                    guarded_operands[node] = operands
+                scope.values.frontier = node + 1
+                for site in out_sites.get(node, ()):
+                    ov = eqn.outvars[site.index]
+                    renamed[ov] = scope.guard_output(node, site, scope.values.value(ov))
+                    renamed_at[ov] = node
+        eqns, constvars, constvals = compat.staged_equations(side)
+    if any(isinstance(c, Tracer) for c in constvals):
+        return None
+    return _splice(graph, eqns, constvars, constvals, guarded_operands, renamed, renamed_at)
+
+
+def _current(atom, renamed):
+    """``atom`` as later equations read it: a forward-mode guard's result
+    once its value has one."""
+    return atom if isinstance(atom, Literal) else renamed.get(atom, atom)
+
+
+_UNPLACEABLE = object()
+
+
+def _atom(x, original):
+    """The jaxpr atom a guard's result stands for: a side tracer's variable,
+    the ``original`` atom for a value passed through unchanged (a literal
+    operand's own value), else unplaceable."""
+    if x is original:
+        return original
+    if isinstance(x, Tracer):
+        return getattr(x, "val", _UNPLACEABLE)
+    if isinstance(original, Literal) and x is original.val:
+        return original
+    return _UNPLACEABLE
+
+
+def _splice(
+    graph: JaxprGraph,
+    side_eqns: list,
+    constvars: list,
+    constvals: list,
+    guarded_operands: dict[int, list[Any]],
+    renamed: dict,
+    renamed_at: dict,
+) -> tuple[Any, list] | None:
+    """Place the side trace's equations after the last program equation each
+    reads, point the guarded uses (and, for a forward-mode output guard, every
+    later reader) at the guards' results: ``(jaxpr, added constants)``, or
+    None when a guard would come after the use it guards."""
+    jaxpr = graph.jaxpr
+    n = len(jaxpr.eqns)
+    #: side variable -> the index of the program equation it must follow
+    position: dict[Any, int] = {v: 0 for v in constvars}
+
+    def defined_after(atom) -> int:
+        if isinstance(atom, Literal):
+            return 0
+        found = position.get(atom)
+        if found is not None:
+            return found
+        prod = graph.producer(atom)
+        return 0 if prod is None else prod[0] + 1
+
+    before: dict[int, list[Any]] = {}
+    for eqn in side_eqns:
+        at = max((defined_after(v) for v in eqn.invars), default=0)
+        for ov in eqn.outvars:
+            position[ov] = at
+        before.setdefault(at, []).append(eqn)
+    renames = {}
+    for v, x in renamed.items():
+        atom = _atom(x, v)
+        if atom is _UNPLACEABLE:
+            return None
+        if atom is v:
+            continue
+        if defined_after(atom) > renamed_at[v] + 1:
+            return None
+        renames[v] = atom
+    operands_at: dict[int, list[Any]] = {}
+    for node, operands in guarded_operands.items():
+        atoms = [_atom(x, v) for x, v in zip(operands, graph.eqns[node].invars)]
+        if any(a is _UNPLACEABLE for a in atoms):
+            return None
+        if any(not isinstance(a, Literal) and defined_after(a) > node for a in atoms):
+            return None
+        operands_at[node] = atoms
+    new_eqns: list[Any] = []
+    for k, eqn in enumerate(jaxpr.eqns):
+        new_eqns.extend(before.get(k, ()))
+        reads: list[Any] | None = operands_at.get(k)
+        if reads is None and renames:
+            reads = [v if isinstance(v, Literal) else renames.get(v, v) for v in eqn.invars]
+        if reads is not None and any(a is not v for a, v in zip(reads, eqn.invars)):
+            eqn = eqn.replace(invars=reads)
+        new_eqns.append(eqn)
+    new_eqns.extend(before.get(n, ()))
+    outvars = [v if isinstance(v, Literal) else renames.get(v, v) for v in jaxpr.outvars]
+    invars = [*jaxpr.constvars, *constvars, *jaxpr.invars]
+    return compat.jaxpr_with_inputs(jaxpr, invars, outvars, new_eqns), constvals
+
+
+def spliced_program(closed):
+    """The guarded program of a jaxpr traced from a guarded function (what
+    ``jax.make_jaxpr(guard(f))`` returns), as one ``ClosedJaxpr``: the body
+    of the one call surgery staged, its leading inputs (the constants passed
+    in) closed over again -- or ``closed`` itself when the interpreter built
+    it.  For reading the rewrite: counting guards, finding equations."""
+    eqns = closed.jaxpr.eqns
+    if len(eqns) != 1 or not str(eqns[0].params.get("name", "")).startswith(CALL_PREFIX):
+        return closed
+    call = eqns[0]
+    body = call.params["jaxpr"].jaxpr
+    n_consts = len(body.invars) - len(closed.jaxpr.invars)
+    outer = dict(zip(closed.jaxpr.constvars, closed.consts))
+    values = [a.val if isinstance(a, Literal) else outer.get(a, a) for a in call.invars[:n_consts]]
+    return compat.close_leading_inputs(body, values)
