@@ -19,6 +19,7 @@ from jax import lax
 
 import hlo_guard
 from hlo_guard.jax_frontend.compat import calls_kept_until_lowering
+from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.surgery import spliced_program
 
 #: jax 0.10 has no call inlined when lowering: the spliced jaxpr is inlined
@@ -173,21 +174,80 @@ def _scan_guarded(x):
     return lax.scan(step, 0.0, x)[0]
 
 
+def _scan_double_where(x):
+    def step(c, xi):
+        pos = xi > 0
+        return c + jnp.where(pos, jnp.sqrt(jnp.where(pos, xi, 1.0)), 0.0), None
+
+    return lax.scan(step, 0.0, x)[0]
+
+
+@jax.jit
+def _log_or_zero_sum(v):
+    """A helper that reads ``v`` twice with different masks: the join is
+    inside its body, and so is the guard."""
+    return jnp.sum(jnp.where(v > 0, jnp.log(v), 0.0)) * jnp.sum(v)
+
+
+def _norm_of_where(x):
+    """A ``jax.jit`` helper that stays a call with a guard in its body, and a
+    scalar broadcast into a guarded product (guarded inside ``mul``'s
+    derivative): both bound again in the side trace."""
+    w = jnp.sum(x)
+    v = jnp.where(x > 0, x, 0.0)
+    out = jnp.linalg.norm(v) + jnp.sum(jnp.where(x > 0, jnp.log(w * x), 0.0))
+    return out + _log_or_zero_sum(x - 0.5)
+
+
+def _norm_of_where_double_where(x):
+    w = jnp.sum(x)
+    pos = x > 0
+    v = jnp.where(pos, x, 0.0)
+    n2 = jnp.sum(v * v)
+    nz = n2 > 0
+    norm = jnp.where(nz, jnp.sqrt(jnp.where(nz, n2, 1.0)), 0.0)
+    out = norm + jnp.sum(jnp.where(pos, jnp.log(jnp.where(pos, w * x, 1.0)), 0.0))
+    v = x - 0.5
+    big = v > 0
+    return out + jnp.sum(jnp.where(big, jnp.log(jnp.where(big, v, 1.0)), 0.0)) * jnp.sum(v)
+
+
+@kept_as_a_call
+@pytest.mark.parametrize("f", [_scan_guarded, _norm_of_where], ids=["loop body", "call body"])
+def test_a_node_bound_again_is_replaced_inside_the_one_call(f):
+    """Nodes the interpreter re-binds (a loop or call whose body is guarded, an
+    operation guarded inside its own derivative) are bound in the side trace and
+    their own equation dropped: the program is still one call."""
+    program = hlo_guard.guard(f)
+    assert len(_calls(jax.make_jaxpr(program)(X))) == 1
+    plan = plan_of(program.traced_for(True, (X,), {})[0].analysis)
+    assert plan.rewritten_bodies("gradient")  # the loop / the jit helper
+
+
+@pytest.mark.parametrize("mode", ["grad", "hessian", "jacfwd"])
+@pytest.mark.parametrize(
+    "f, dw",
+    [(_scan_guarded, _scan_double_where), (_norm_of_where, _norm_of_where_double_where)],
+    ids=["loop body", "call body"],
+)
+def test_nodes_bound_again_match_the_double_where(f, dw, mode):
+    d = DERIVATIVES[mode]
+    x = jnp.asarray([-1.0, 0.25, 0.5, 0.75, 2.0], dtype=jnp.float32)
+    got = np.asarray(d(jax.jit(hlo_guard.guard(f)))(x))
+    want = np.asarray(d(dw)(x))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def _with_print(x):
     jax.debug.print("x={x}", x=x)
     return jnp.where(x > 0, jnp.log(x), 0.0)
 
 
-@pytest.mark.parametrize(
-    "f",
-    [_scan_guarded, _with_print],
-    ids=["guards inside a loop body", "an effect"],
-)
-def test_where_surgery_cannot_express_the_rewrite_the_interpreter_runs(f):
-    guarded = jax.make_jaxpr(hlo_guard.guard(f))(X)
-    assert not any(e.params.get("name", "").startswith("guarded_") for e in _calls(guarded))
-    plain_grad = jax.grad(_sum(jax.jit(hlo_guard.guard(f))))(X)
-    assert not np.isnan(np.asarray(plain_grad)).any()
+def test_a_program_with_effects_goes_through_the_interpreter():
+    assert not _calls(jax.make_jaxpr(hlo_guard.guard(_with_print))(X))
+    grad = jax.grad(_sum(jax.jit(hlo_guard.guard(_with_print))))(X)
+    assert not np.isnan(np.asarray(grad)).any()
 
 
 def test_value_mode_is_not_spliced():

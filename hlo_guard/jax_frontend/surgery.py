@@ -24,16 +24,16 @@ only inserts guards:
 4. The new jaxpr is staged as one ``jit`` call (:func:`compat.bind_as_call`):
    its equations are not traced again.
 
+An equation the rewrite must bind again -- a call or control-flow node with
+a guarded body, a guarded contraction, an operand guarded at the output's
+shape inside the operation's derivative -- is bound in the side trace as the
+interpreter binds it, and its own equation dropped (its outputs renamed).
+
 Where surgery cannot express the rewrite, :func:`evaluate_by_surgery`
 returns None and the interpreter runs, named here so that the list is kept
 in one place:
 
-* value mode (a substitution per hazard, not a guard);
-* a call or control-flow body with guards inside (the body is re-bound with
-  guarded bodies: ``plan.rewritten_bodies``);
-* a guarded contraction or an implicitly broadcast operand (the guard sits
-  inside the operation's own derivative: ``bind_with_contraction_guards``,
-  ``bind_with_broadcast_guards``);
+* value mode (a substitution per hazard, with its own safe points);
 * effects in the program (effectful equations must run exactly once, in
   order, and a call's effects need their own bookkeeping), or a high-level
   primitive (jax 0.12's ``jnp.ldexp``: the jaxpr must be lowered to
@@ -42,7 +42,10 @@ in one place:
   interpreter re-binds there, which is what those transformations need), a
   tracer of an enclosing transformation among the program's constants, a
   mesh in context;
-* a mask that needs a value computed after the use it guards (step 2).
+* a guard that could not be placed before its use (step 2), or a mask that
+  needs a contraction's result before the program computes it (the
+  interpreter shares that side value as the contraction's primal; surgery
+  would compute the contraction twice).
 """
 
 from __future__ import annotations
@@ -53,13 +56,12 @@ from jax.core import Tracer
 
 from hlo_guard.jax_frontend import compat
 from hlo_guard.jax_frontend.binding import eqn_context
-from hlo_guard.jax_frontend.graph import JaxprGraph, Literal
+from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
 from hlo_guard.jax_frontend.plan import plan_of
-from hlo_guard.jax_frontend.rules import RULES
+from hlo_guard.jax_frontend.shared_primal import contracts
 from hlo_guard.jax_frontend.side_values import MISSING, ScopeValues
 from passes.analysis import Analysis
 from passes.masks import ALL
-from passes.rules import BroadcastOperandRule, implements
 
 #: the name of the call a guarded program is staged as starts with this
 CALL_PREFIX = "guarded_"
@@ -108,12 +110,8 @@ def evaluate_by_surgery(analysis: Analysis, consts, args, mode: str, name: str):
     if not all(compat.staged_in(a, trace) for a in args):
         return None
     plan = plan_of(analysis)
-    if plan.rewritten_bodies(mode) or plan.guarded_contractions:
-        return None
     sites = plan.sites_for(mode)
     out_sites = plan.output_sites_by_node
-    if any(_broadcast_inside(graph, node, s) for node, ss in sites.items() for s in ss):
-        return None
     spliced = _guards_in_side_trace(analysis, graph, sites, out_sites, mode)
     if spliced is None:
         return None
@@ -125,62 +123,110 @@ def evaluate_by_surgery(analysis: Analysis, consts, args, mode: str, name: str):
     return outs
 
 
-def _broadcast_inside(graph: JaxprGraph, node: int, site) -> bool:
-    """Whether this site's guard would sit inside the operation's derivative:
-    an operand the operation broadcasts implicitly (``Scope._implicitly_broadcast``)."""
-    if site.statically_dead:
-        return False
-    eqn = graph.eqns[node]
-    if len(eqn.outvars) != 1:
-        return False
-    if not implements(RULES.get(eqn.primitive.name), BroadcastOperandRule):
-        return False
-    return tuple(eqn.invars[site.index].aval.shape) != tuple(eqn.outvars[0].aval.shape)
-
-
 def _guards_in_side_trace(
     analysis: Analysis, graph: JaxprGraph, sites: dict, out_sites: dict, mode: str
 ) -> tuple[Any, list] | None:
     """Compute every guard in a side trace and splice its equations in:
     ``(jaxpr, added constants)``, or None when a guard could not be placed
-    before its use."""
+    before its use.
+
+    An equation the rewrite must bind again -- a call or control-flow node
+    with a guarded body, a guarded contraction, an operation whose operand
+    is guarded at the output's shape inside its derivative -- is bound in the
+    side trace, as the interpreter binds it (the same ``Scope`` methods), and
+    its original equation is dropped: its outputs are renamed to the new
+    ones for every later reader."""
+    from hlo_guard.jax_frontend.guarded_binding import (
+        bind_with_broadcast_guards,
+        bind_with_contraction_guards,
+    )
     from hlo_guard.jax_frontend.interpreter import Scope
 
     jaxpr = graph.jaxpr
+    plan = plan_of(analysis)
+    rebound = plan.rewritten_bodies(mode) | plan.guarded_contractions
     #: node -> its operands after guarding (tracers of the side trace, or atoms)
     guarded_operands: dict[int, list[Any]] = {}
-    #: variable -> its forward-mode guarded value, read by every later use
+    #: variable -> its new value (a forward-mode guard's, a re-bound node's),
+    #: read by every later use
     renamed: dict[Any, Any] = {}
     renamed_at: dict[Any, int] = {}
+    dropped: set[int] = set()
     with compat.side_trace() as side:
         if side is None:
             return None
         scope = Scope(analysis, [], [], [ALL] * len(jaxpr.outvars), mode=mode)
-        scope.values = VariableValues(graph, side)
-        for node in sorted(set(sites) | set(out_sites)):
+        values = VariableValues(graph, side)
+        scope.values = values
+        for node in sorted(set(sites) | set(out_sites) | rebound):
             eqn = graph.eqns[node]
             with eqn_context(eqn):
                 node_sites = sites.get(node, ())
-                scope.values.frontier = node
-                if node_sites:
-                    operands = [_current(v, renamed) for v in eqn.invars]
-                    for site in node_sites:
-                        v = eqn.invars[site.index]
-                        if isinstance(v, Literal):
-                            x = v.val
-                        else:
-                            x = renamed[v] if v in renamed else scope.values.value(v)
-                        operands[site.index] = scope.shared_guard(node, site, x)
-                    guarded_operands[node] = operands
-                scope.values.frontier = node + 1
+                values.frontier = node
+                invals = [_side_value(v, renamed, values) for v in eqn.invars]
+                wide = scope.broadcast_masks(node, eqn, node_sites, invals)
+                for site in node_sites:
+                    if site.index not in wide:
+                        invals[site.index] = scope.shared_guard(node, site, invals[site.index])
+                if node in rebound or wide:
+                    contraction = scope.contraction_masks(node, eqn)
+                    if contraction:
+                        outs = bind_with_contraction_guards(eqn, invals, contraction)
+                    elif wide:
+                        outs = bind_with_broadcast_guards(eqn, invals, wide)
+                    else:
+                        outs = scope._bind(node, eqn, invals)
+                    for ov, o in zip(eqn.outvars, outs):
+                        if not isinstance(ov, DropVar):
+                            renamed[ov] = values.env[ov] = o
+                            renamed_at[ov] = node
+                    dropped.add(node)
+                elif node_sites:
+                    guarded_operands[node] = [
+                        x if i in _indices(node_sites) else _current(v, renamed)
+                        for i, (v, x) in enumerate(zip(eqn.invars, invals))
+                    ]
+                values.frontier = node + 1
                 for site in out_sites.get(node, ()):
                     ov = eqn.outvars[site.index]
-                    renamed[ov] = scope.guard_output(node, site, scope.values.value(ov))
+                    y = renamed[ov] if ov in renamed else values.value(ov)
+                    renamed[ov] = values.env[ov] = scope.guard_output(node, site, y)
                     renamed_at[ov] = node
+        if _computed_a_contraction_on_the_side(graph, values):
+            return None
         eqns, constvars, constvals = compat.staged_equations(side)
     if any(isinstance(c, Tracer) for c in constvals):
         return None
-    return _splice(graph, eqns, constvars, constvals, guarded_operands, renamed, renamed_at)
+    return _splice(
+        graph, eqns, constvars, constvals, guarded_operands, renamed, renamed_at, dropped
+    )
+
+
+def _computed_a_contraction_on_the_side(graph: JaxprGraph, values: VariableValues) -> bool:
+    """Whether a mask needed a contraction's result before the program computes
+    it.  The interpreter then shares the side value as the contraction's own
+    primal (:mod:`shared_primal`), so that the program computes it once;
+    surgery computes it on the side from stopped inputs and keeps the
+    program's equation, which XLA does not merge in the gradient program (one
+    dot more than the unguarded program's): the interpreter is used."""
+    for var in values.shadow:
+        prod = graph.producer(var)
+        if prod is not None and contracts(graph.eqns[prod[0]]):
+            return True
+    return False
+
+
+def _indices(node_sites) -> set[int]:
+    return {site.index for site in node_sites}
+
+
+def _side_value(atom, renamed, values: VariableValues):
+    """An operand as the side trace reads it: a literal's value, a renamed
+    variable's new value, else the tracer standing for the variable."""
+    if isinstance(atom, Literal):
+        return atom.val
+    found = renamed.get(atom)
+    return found if found is not None else values.value(atom)
 
 
 def _current(atom, renamed):
@@ -213,6 +259,7 @@ def _splice(
     guarded_operands: dict[int, list[Any]],
     renamed: dict,
     renamed_at: dict,
+    dropped: set[int],
 ) -> tuple[Any, list] | None:
     """Place the side trace's equations after the last program equation each
     reads, point the guarded uses (and, for a forward-mode output guard, every
@@ -259,6 +306,8 @@ def _splice(
     new_eqns: list[Any] = []
     for k, eqn in enumerate(jaxpr.eqns):
         new_eqns.extend(before.get(k, ()))
+        if k in dropped:
+            continue
         reads: list[Any] | None = operands_at.get(k)
         if reads is None and renames:
             reads = [v if isinstance(v, Literal) else renames.get(v, v) for v in eqn.invars]
