@@ -725,8 +725,10 @@ def _late_inline(template):
     its ``inline=False`` call is lowered as a function of its own, which XLA
     inlines -- after fusion decisions that can round a derivative a few ulp
     differently from the flat program (``digamma``'s), and the StableHLO the
-    user dumps holds a call -- so there the call is ``inline=True``, inlined
-    while tracing by JAX's own ``pe.inline_jaxpr_into_trace``."""
+    user dumps holds a call -- so there the call would be ``inline=True``,
+    inlined while tracing by JAX's own ``pe.inline_jaxpr_into_trace``
+    (:mod:`surgery` does not stage calls on jax 0.10 at all: measured, the
+    interpreter's copying was faster than that)."""
     if isinstance(template, bool):
         return True
     return getattr(type(template), "JAX_LATE", template)

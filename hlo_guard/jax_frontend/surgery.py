@@ -38,6 +38,11 @@ in one place:
   order, and a call's effects need their own bookkeeping), or a high-level
   primitive (jax 0.12's ``jnp.ldexp``: the jaxpr must be lowered to
   primitives before it is compiled, which a call's body is not);
+* jax 0.10, which has no call inlined when lowering: the spliced jaxpr would
+  be inlined while tracing by JAX's own ``inline_jaxpr_into_trace``, and
+  measured that was slower than the interpreter's copying (10k-equation
+  chain: 0.76 s against 0.58 s; ``benchmarks/RESULTS.md``, fifteenth
+  session);
 * not a plain jaxpr trace (eager evaluation, a JVP or batching trace: the
   interpreter re-binds there, which is what those transformations need), a
   tracer of an enclosing transformation among the program's constants, a
@@ -97,7 +102,7 @@ def evaluate_by_surgery(analysis: Analysis, consts, args, mode: str, name: str):
     """The guarded program's outputs, staged as one call built by surgery,
     or None where surgery does not apply (see the module docstring)."""
     trace = compat.plain_jaxpr_trace()
-    if trace is None or mode != "gradient":
+    if trace is None or mode != "gradient" or not compat.calls_kept_until_lowering():
         return None
     graph = analysis.graph
     if not isinstance(graph, JaxprGraph):
