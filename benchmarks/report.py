@@ -293,9 +293,10 @@ def scaling_table(scaling: dict[str, Any]) -> list[str]:
         "(the guarded figure includes tracing `f` once, so it is ≥ 1 by construction; "
         "overhead = ratio − 1 is the analysis + rewrite alone). Growth exponent k "
         "from time ∝ n^k between consecutive sizes (1 = linear). Breakdown: `make_jaxpr(f)`, "
-        "`analyze`, the rewrite under `make_jaxpr` as `guard` does it (by surgery: the "
-        "user's equations kept, guards spliced in, one call staged; placement and masks "
-        "included), and for reference the interpreter's equation-by-equation rewrite, "
+        "`analyze`, the rewrite under `make_jaxpr` as `guard` does it (placement and masks "
+        "included; jax 0.11+: by surgery, the user's equations kept, guards spliced in, one "
+        "call staged; jax 0.10: the interpreter), and for reference the interpreter's "
+        "equation-by-equation rewrite, "
         "re-tracing the unchanged jaxpr with `eval_jaxpr` (the floor for a rewrite that "
         "re-binds every equation) and re-evaluating it with the interpreter's copying step "
         "(`compat.restage`: the interpreter's floor).",

@@ -76,13 +76,15 @@ def breakdown(n_eqns: int, x) -> dict[str, float]:
     f = make_chain(n_eqns)
     t_trace, closed = _t(lambda: jax.make_jaxpr(f)(x))
     t_analyze, analysis = _t(lambda: analyze(JaxprGraph(closed.jaxpr), RULES))
-    # the rewrite as guard(f) does it under make_jaxpr: by surgery (placement
-    # and masks included: the plan is built lazily)
-    t_rewrite, guarded = _t(
-        lambda: jax.make_jaxpr(
-            lambda y: evaluate_by_surgery(analysis, closed.consts, [y], "gradient", "guarded_chain")
-        )(x)
-    )
+
+    # the rewrite as guard(f) does it under make_jaxpr: by surgery where the
+    # installed JAX keeps calls until lowering, else by the interpreter
+    # (placement and masks included: the plan is built lazily)
+    def as_guard_does(y):
+        outs = evaluate_by_surgery(analysis, closed.consts, [y], "gradient", "guarded_chain")
+        return outs if outs is not None else run_guarded(analysis, closed.consts, [y])
+
+    t_rewrite, guarded = _t(lambda: jax.make_jaxpr(as_guard_does)(x))
     # for reference, the interpreter's equation-by-equation rewrite, on a fresh
     # analysis (the plan is cached per analysis)
     fresh = analyze(JaxprGraph(closed.jaxpr), RULES)
