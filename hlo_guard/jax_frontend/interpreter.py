@@ -455,26 +455,17 @@ class Scope:
                             env[ov] = o
                     continue
             with eqn_context(eqn, self.at_call_site):
-                node_sites = sites.get(node, ())
-                wide = self.broadcast_masks(node, eqn, node_sites, invals)
-                for site in node_sites:
-                    if site.index not in wide:
-                        invals[site.index] = self.shared_guard(node, site, invals[site.index])
-                contraction = self.contraction_masks(node, eqn)
+                wide = self.guard_operands(node, eqn, sites.get(node, ()), invals)
                 side = self._shared_side(eqn)
                 if side is None:
-                    if contraction:
-                        outs = bind_with_contraction_guards(eqn, invals, contraction)
-                    elif wide:
-                        outs = bind_with_broadcast_guards(eqn, invals, wide)
-                    else:
-                        outs = self._bind(node, eqn, invals)
+                    outs = self.bind_guarded(node, eqn, invals, wide)
                 elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(
                     self.mode
                 ):
                     fn, passed = _guarded_call(self, node, eqn, len(invals))
                     outs = share_side_primal(side, partial(call_with, fn), invals, passed)
                 else:
+                    contraction = self.contraction_masks(node, eqn)
                     outs = bind_sharing(eqn, invals, wide, side, contraction)
                 for ov, o in zip(eqn.outvars, outs):
                     if not isinstance(ov, DropVar):
@@ -484,6 +475,29 @@ class Scope:
                     env[ov] = self.guard_output(node, site, env[ov])
         self.record.finished.add(self.mode)
         return [v.val if isinstance(v, Literal) else env[v] for v in self.jaxpr.outvars]
+
+    def guard_operands(self, node: int, eqn, node_sites, invals: list) -> dict[int, Any]:
+        """Guard ``node``'s planned uses in ``invals`` (in place), each value
+        once per mask (:meth:`shared_guard`), except an operand the op
+        broadcasts implicitly: its full-shape mask is returned (``wide``), to
+        guard it inside the op's derivative (:meth:`bind_guarded`)."""
+        wide = self.broadcast_masks(node, eqn, node_sites, invals)
+        for site in node_sites:
+            if site.index not in wide:
+                invals[site.index] = self.shared_guard(node, site, invals[site.index])
+        return wide
+
+    def bind_guarded(self, node: int, eqn, invals, wide: dict[int, Any]):
+        """Bind ``node`` reading its guarded operands: a guarded contraction
+        with each operand's dead lanes zeroed in the other's derivative, an
+        implicitly broadcast operand guarded at the output's shape (``wide``),
+        a call or control-flow node with its guarded body, else as it is."""
+        contraction = self.contraction_masks(node, eqn)
+        if contraction:
+            return bind_with_contraction_guards(eqn, invals, contraction)
+        if wide:
+            return bind_with_broadcast_guards(eqn, invals, wide)
+        return self._bind(node, eqn, invals)
 
     def output_masks_for(self, node: int, sub: Analysis, compact: bool = False):
         """Masks of call ``node``'s outputs to pass into its guarded body:

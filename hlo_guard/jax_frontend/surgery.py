@@ -62,7 +62,7 @@ from jax.core import Tracer
 from hlo_guard.jax_frontend import compat
 from hlo_guard.jax_frontend.binding import eqn_context
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
-from hlo_guard.jax_frontend.plan import plan_of
+from hlo_guard.jax_frontend.plan import GuardPlan, plan_of
 from hlo_guard.jax_frontend.shared_primal import contracts
 from hlo_guard.jax_frontend.side_values import MISSING, ScopeValues
 from passes.analysis import Analysis
@@ -114,23 +114,18 @@ def evaluate_by_surgery(analysis: Analysis, consts, args, mode: str, name: str):
         return None
     if not all(compat.staged_in(a, trace) for a in args):
         return None
-    plan = plan_of(analysis)
-    sites = plan.sites_for(mode)
-    out_sites = plan.output_sites_by_node
-    spliced = _guards_in_side_trace(analysis, graph, sites, out_sites, mode)
+    spliced = _guards_in_side_trace(plan_of(analysis), graph, mode)
     if spliced is None:
         return None
     new_jaxpr, new_consts = spliced
     outs = compat.bind_as_call(new_jaxpr, [*consts, *new_consts, *args], name)
     if outs is None:
         return None
-    plan.record.finished.add(mode)
+    plan_of(analysis).record.finished.add(mode)
     return outs
 
 
-def _guards_in_side_trace(
-    analysis: Analysis, graph: JaxprGraph, sites: dict, out_sites: dict, mode: str
-) -> tuple[Any, list] | None:
+def _guards_in_side_trace(plan: GuardPlan, graph: JaxprGraph, mode: str) -> tuple[Any, list] | None:
     """Compute every guard in a side trace and splice its equations in:
     ``(jaxpr, added constants)``, or None when a guard could not be placed
     before its use.
@@ -141,14 +136,11 @@ def _guards_in_side_trace(
     side trace, as the interpreter binds it (the same ``Scope`` methods), and
     its original equation is dropped: its outputs are renamed to the new
     ones for every later reader."""
-    from hlo_guard.jax_frontend.guarded_binding import (
-        bind_with_broadcast_guards,
-        bind_with_contraction_guards,
-    )
     from hlo_guard.jax_frontend.interpreter import Scope
 
     jaxpr = graph.jaxpr
-    plan = plan_of(analysis)
+    sites = plan.sites_for(mode)
+    out_sites = plan.output_sites_by_node
     rebound = plan.rewritten_bodies(mode) | plan.guarded_contractions
     #: node -> its operands after guarding (tracers of the side trace, or atoms)
     guarded_operands: dict[int, list[Any]] = {}
@@ -160,7 +152,7 @@ def _guards_in_side_trace(
     with compat.side_trace() as side:
         if side is None:
             return None
-        scope = Scope(analysis, [], [], [ALL] * len(jaxpr.outvars), mode=mode)
+        scope = Scope(plan.analysis, [], [], [ALL] * len(jaxpr.outvars), mode=mode)
         values = VariableValues(graph, side)
         scope.values = values
         for node in sorted(set(sites) | set(out_sites) | rebound):
@@ -169,28 +161,18 @@ def _guards_in_side_trace(
                 node_sites = sites.get(node, ())
                 values.frontier = node
                 invals = [_side_value(v, renamed, values) for v in eqn.invars]
-                wide = scope.broadcast_masks(node, eqn, node_sites, invals)
-                for site in node_sites:
-                    if site.index not in wide:
-                        invals[site.index] = scope.shared_guard(node, site, invals[site.index])
+                wide = scope.guard_operands(node, eqn, node_sites, invals)
                 if node in rebound or wide:
-                    contraction = scope.contraction_masks(node, eqn)
-                    if contraction:
-                        outs = bind_with_contraction_guards(eqn, invals, contraction)
-                    elif wide:
-                        outs = bind_with_broadcast_guards(eqn, invals, wide)
-                    else:
-                        outs = scope._bind(node, eqn, invals)
+                    outs = scope.bind_guarded(node, eqn, invals, wide)
                     for ov, o in zip(eqn.outvars, outs):
                         if not isinstance(ov, DropVar):
                             renamed[ov] = values.env[ov] = o
                             renamed_at[ov] = node
                     dropped.add(node)
                 elif node_sites:
-                    guarded_operands[node] = [
-                        x if i in _indices(node_sites) else _current(v, renamed)
-                        for i, (v, x) in enumerate(zip(eqn.invars, invals))
-                    ]
+                    # (an unguarded operand's tracer stands for its variable,
+                    # or its renamed value: _atom reads either back)
+                    guarded_operands[node] = invals
                 values.frontier = node + 1
                 for site in out_sites.get(node, ()):
                     ov = eqn.outvars[site.index]
@@ -221,10 +203,6 @@ def _computed_a_contraction_on_the_side(graph: JaxprGraph, values: VariableValue
     return False
 
 
-def _indices(node_sites) -> set[int]:
-    return {site.index for site in node_sites}
-
-
 def _side_value(atom, renamed, values: VariableValues):
     """An operand as the side trace reads it: a literal's value, a renamed
     variable's new value, else the tracer standing for the variable."""
@@ -232,12 +210,6 @@ def _side_value(atom, renamed, values: VariableValues):
         return atom.val
     found = renamed.get(atom)
     return found if found is not None else values.value(atom)
-
-
-def _current(atom, renamed):
-    """``atom`` as later equations read it: a forward-mode guard's result
-    once its value has one."""
-    return atom if isinstance(atom, Literal) else renamed.get(atom, atom)
 
 
 _UNPLACEABLE = object()
