@@ -10,6 +10,8 @@
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -23,3 +25,13 @@ def pytest_configure(config):
         "markers",
         "slow: long-running; also covered by a quicker variant (deselect with -m 'not slow')",
     )
+
+
+@pytest.fixture
+def small_calls_kept(monkeypatch):
+    """Keep small ``jax.jit`` calls as calls in the guard's staged trace (it
+    inlines them: ``compat.SMALL_CALL_EQUATIONS``), for tests of the guarded
+    call machinery written with small helpers."""
+    from hlo_guard.jax_frontend import compat
+
+    monkeypatch.setattr(compat, "SMALL_CALL_EQUATIONS", -1)

@@ -571,6 +571,7 @@ def test_a_carry_an_iteration_zeroes_carries_its_tangent_mask(loop, transform):
     np.testing.assert_allclose(got, _zero_then_sqrt_twice_oracle(x), rtol=1e-6)
 
 
+@pytest.mark.usefixtures("small_calls_kept")
 def test_a_lane_mixing_body_under_jit_gets_its_operands_tangent_masks():
     f, oracle = LANE_MIXING_BODIES["jit"]
     got = jax.jit(jax.jacfwd(guard(f)))(X)
@@ -587,6 +588,7 @@ def test_a_lane_mixing_body_under_jit_gets_its_operands_tangent_masks():
     ]
 
 
+@pytest.mark.usefixtures("small_calls_kept")
 def test_a_tangent_mask_that_is_a_broadcast_is_passed_as_its_source():
     """A column mask's tangent mask is passed as its ``[4]`` source and
     broadcast again inside the body (as output masks are)."""

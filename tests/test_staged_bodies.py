@@ -21,7 +21,10 @@ from hlo_guard.jax_frontend.staged_bodies import STAGED_BODIES, fingerprint
 
 # Each body mixes lanes (a mean, a sum), so that its caller cannot see
 # through it as one lane-wise operation: it is re-bound with a guarded body
-# of its own, which is what is shared.
+# of its own, which is what is shared.  The bodies are small, which a guard's
+# staged trace would inline (tests/test_small_calls_inlined.py): here they are
+# kept as calls, as larger ones are.
+pytestmark = pytest.mark.usefixtures("small_calls_kept")
 
 
 @jax.jit

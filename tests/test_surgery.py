@@ -98,7 +98,9 @@ def _calls(closed):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_guard_only_rewrite_is_one_call_of_the_users_equations(case):
     f, _ = CASES[case]
-    plain = jax.make_jaxpr(f)(X)
+    # the user's equations as the guard's staged trace has them (small calls
+    # inlined: tests/test_small_calls_inlined.py)
+    traced = hlo_guard.guard(f).traced_for(True, (X,), {})[0].closed_jaxpr
     guarded = jax.make_jaxpr(hlo_guard.guard(f))(X)
     (call,) = guarded.jaxpr.eqns
     assert call.primitive.name in ("jit", "pjit")
@@ -107,7 +109,7 @@ def test_a_guard_only_rewrite_is_one_call_of_the_users_equations(case):
     # the user's equations are kept, in order; guards and masks are added
     # (a guard: select_n of a value and its stop_gradient)
     remaining = iter([(e.primitive, e.params) for e in body.eqns])
-    assert all((e.primitive, e.params) in remaining for e in plain.jaxpr.eqns)  # a subsequence
+    assert all((e.primitive, e.params) in remaining for e in traced.jaxpr.eqns)  # a subsequence
     stops = {e.outvars[0] for e in body.eqns if e.primitive.name == "stop_gradient"}
     guards = [e for e in body.eqns if e.primitive.name == "select_n" and e.invars[1] in stops]
     assert guards
@@ -216,6 +218,7 @@ def _norm_of_where_double_where(x):
 
 
 @kept_as_a_call
+@pytest.mark.usefixtures("small_calls_kept")  # the helper is a small call
 @pytest.mark.parametrize("f", [_scan_guarded, _norm_of_where], ids=["loop body", "call body"])
 def test_a_node_bound_again_is_replaced_inside_the_one_call(f):
     """Nodes the interpreter re-binds (a loop or call whose body is guarded, an
@@ -227,6 +230,7 @@ def test_a_node_bound_again_is_replaced_inside_the_one_call(f):
     assert plan.rewritten_bodies("gradient")  # the loop / the jit helper
 
 
+@pytest.mark.usefixtures("small_calls_kept")
 @pytest.mark.parametrize("mode", ["grad", "hessian", "jacfwd"])
 @pytest.mark.parametrize(
     "f, dw",

@@ -80,14 +80,17 @@ def _install_staging_rule() -> bool:
     if original is None:  # pragma: no cover
         return False
 
+    def plain_body(params) -> bool:
+        return not any(isinstance(c, jcore.Ref) for c in params["jaxpr"].consts) and not any(
+            getattr(v, "initial_qdd", None) for v in params["jaxpr"].jaxpr.invars
+        )
+
     def staging_rule(trace, source_info, *args, **params):
-        if (
-            jit_inlines(params)
-            and _keeps_inline_jits(trace)
-            and not any(isinstance(c, jcore.Ref) for c in params["jaxpr"].consts)
-            and not any(getattr(v, "initial_qdd", None) for v in params["jaxpr"].jaxpr.invars)
-        ):
+        if jit_inlines(params) and _keeps_inline_jits(trace) and plain_body(params):
             return trace.default_process_primitive(jit_p, args, params, source_info=source_info)
+        early = _inlined_early(params)
+        if early is not None and _inlines_late_jits(trace) and plain_body(params):
+            return original(trace, source_info, *args, **early)
         return original(trace, source_info, *args, **params)
 
     staging_rule.__wrapped__ = original  # type: ignore[attr-defined]
@@ -111,6 +114,80 @@ def keep_inline_jits_of_current_trace():
         yield True
     finally:
         _local.traces = prev
+
+
+@contextlib.contextmanager
+def inline_late_jits_of_current_trace():
+    """Inside a function being traced by ``jax.make_jaxpr`` for a program
+    compiled whole: inline the ``jit(inline=True)`` calls made directly at
+    this level while tracing, as jax 0.10 does (nested levels, whose jaxprs
+    JAX caches for every caller, are untouched).
+
+    jax 0.11+ keeps such a call (``Inline.JAX_LATE``: every ``jnp`` ufunc,
+    ``jnp.clip``, ``jnp.where``) in the jaxpr and inlines it only when
+    lowering, so the compiled program is the same either way.  The guard's
+    analysis and rewrite pay per call (a nested analysis, a forward context,
+    a guarded body re-bound as a call with masks passed in and a shared-body
+    fingerprint) what they do not pay per equation: numpyro's
+    StickBreakingTransform traced as a user writes it has five such calls
+    around eight operations.  Yields whether the rule is in place."""
+    if not _install_staging_rule():
+        yield False
+        return
+    trace = current_trace()
+    prev = getattr(_local, "inlining", ())
+    _local.inlining = prev + (trace,)
+    try:
+        yield True
+    finally:
+        _local.inlining = prev
+
+
+def _inlines_late_jits(trace) -> bool:
+    """Whether ``trace`` is one of ours inlining its late-inline jits
+    (:func:`inline_late_jits_of_current_trace`)."""
+    return any(trace is t for t in getattr(_local, "inlining", ()))
+
+
+#: a plain ``jit`` call (``Inline.AUTO``) whose body has at most this many
+#: equations is inlined too (``jnp.clip``, ``jnp.cumprod``, ``jnp.pad``'s
+#: helper): XLA inlines every call before optimising, and lowering a body of
+#: a few operations inline costs what lowering the call does
+SMALL_CALL_EQUATIONS = 8
+
+
+def _inlined_early(params: dict) -> dict | None:
+    """``params`` of a late-inline ``jit`` (jax 0.11+ ``Inline.JAX_LATE``) or
+    of a small plain one, with the early inlining JAX's staging rule applies
+    while tracing, or None for any other ``jit``.
+
+    jax 0.10.x: ``inline`` is a bool, and ``True`` is inlined early already;
+    a small plain call gets ``True``.  jax 0.11/0.12: ``JAX_LATE`` and a small
+    ``AUTO`` call get ``JAX_EARLY``."""
+    value = params.get("inline", False)
+    early: Any
+    if isinstance(value, bool):
+        plain, early = not value, True
+    else:
+        name = getattr(value, "name", None)
+        if name not in ("AUTO", "JAX_LATE"):
+            return None
+        plain, early = name == "AUTO", getattr(type(value), "JAX_EARLY", None)
+        if early is None:  # pragma: no cover - a future JAX
+            return None
+    if plain and not _small_plain_call(params):
+        return None
+    return dict(params, inline=early)
+
+
+def _small_plain_call(params: dict) -> bool:
+    body = params["jaxpr"]
+    return (
+        len(body.jaxpr.eqns) <= SMALL_CALL_EQUATIONS
+        and not body.jaxpr.effects
+        and not any(params.get("donated_invars", ()))
+        and not params.get("compiler_options_kvs")
+    )
 
 
 def _keeps_inline_jits(trace) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,11 @@ import numpy as np
 
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.argument_state import replaced_leaves
-from hlo_guard.jax_frontend.compat import attach_debug_info, keep_inline_jits_of_current_trace
+from hlo_guard.jax_frontend.compat import (
+    attach_debug_info,
+    inline_late_jits_of_current_trace,
+    keep_inline_jits_of_current_trace,
+)
 from hlo_guard.jax_frontend.graph import JaxprGraph
 from hlo_guard.jax_frontend.leaf_layout import LeafLayout, split_leaves
 from hlo_guard.jax_frontend.rules import RULES
@@ -266,7 +269,9 @@ def trace(
     (``jnp.mean``, every ``jnp`` ufunc) stay calls in the jaxpr: eager JAX
     runs each as one compiled computation, and so must eager ``guard(fn)``
     to give the same bits.  A program staged into a jaxpr is compiled whole
-    and needs no such boundary: its trace inlines them, as JAX's does.
+    and needs no such boundary: its trace inlines them, as jax 0.10's own
+    trace does (jax 0.11+ keeps them until lowering; the guard inlines them
+    at this level while tracing, :func:`compat.inline_late_jits_of_current_trace`).
     JAX's tracing errors name ``fn`` and its arguments, not this flat
     wrapper.  ``constant_leaves``: leaves no enclosing transformation
     differentiates, analysed as constants (no derivative)."""
@@ -276,7 +281,11 @@ def trace(
     def flat_fn(*leaves):
         dyn = layout.unflatten(leaves)
         args, kwargs = merge_arguments(dyn, static, n_args)
-        keep = keep_inline_jits_of_current_trace() if keep_inline_jits else nullcontext()
+        keep = (
+            keep_inline_jits_of_current_trace()
+            if keep_inline_jits
+            else inline_late_jits_of_current_trace()
+        )
         with keep:
             out = fn(*args, **kwargs)
         out_leaves, out_tree = jax.tree_util.tree_flatten(out)
