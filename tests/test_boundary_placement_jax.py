@@ -179,6 +179,30 @@ def test_a_chain_of_jnp_calls_gets_one_guard_per_entry():
     )
 
 
+def test_which_bodies_are_rewritten_does_not_depend_on_what_was_asked_first():
+    """A ``jnp.sqrt`` wrapper the placement sees through gets no guard of its
+    own: its operand is guarded where the call reads it.  Asking which bodies
+    need a rewrite before asking for the guard sites placed the body on its
+    own (a guard inside as well, the call re-bound for nothing)."""
+    from hlo_guard.jax_frontend.plan import plan_of
+
+    def f(x):
+        return jnp.where(x > 0, jnp.sqrt(x), 0.0).sum()
+
+    answers = []
+    for bodies_first in (True, False):
+        # eager: the jnp wrappers stay calls in the traced program
+        program, _ = guard(f).traced_for(False, (X,), {})
+        plan = plan_of(program.analysis)
+        if bodies_first:
+            rewritten, sites = plan.rewritten_bodies("gradient"), plan.sites_for("gradient")
+        else:
+            sites, rewritten = plan.sites_for("gradient"), plan.rewritten_bodies("gradient")
+        answers.append((rewritten, sorted(sites)))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == frozenset() and answers[0][1]
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_reads_with_one_mask_are_no_join(mode):
     """``x * x`` and ``s * s - s`` read a value twice with the same dead

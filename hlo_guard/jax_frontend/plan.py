@@ -40,6 +40,7 @@ from passes.planning import (
     GuardSite,
     OutputGuardSite,
     UnguardedSite,
+    placement_of,
     plan_boundary_guards,
     plan_guards,
     plan_output_guards,
@@ -314,6 +315,13 @@ class GuardPlan:
         ``mode``: some body of theirs needs a rewrite itself."""
         found = self._rewritten.get(mode)
         if found is None:
+            # this graph's placement first: it places the bodies it sees
+            # through with its own view of their boundary (no guard inside a
+            # jnp.sqrt wrapper whose operand it guards), which a body's plan
+            # asked first would not know (value mode guards every hazard
+            # where it is, with no placement)
+            if mode != "value":
+                placement_of(self.analysis)
             eqns = self.graph.eqns
             found = self._rewritten[mode] = frozenset(
                 node
