@@ -66,8 +66,10 @@ def current_trace():
 
 def _install_staging_rule() -> bool:
     """Wrap JAX's staging rule for ``jit`` once: while a top-level trace of
-    ours is marked, its inline jits are staged as calls (params unchanged, so
-    re-binding them later inlines them exactly where JAX would have)."""
+    ours is marked to keep them, its inline jits are staged as calls (params
+    unchanged, so re-binding them later inlines them exactly where JAX would
+    have); while one is marked to inline them, its late-inline and small
+    plain jits are inlined (:func:`inline_late_jits_of_current_trace`)."""
     installed = _STAGING["installed"]
     if installed is not None:
         return installed
@@ -119,18 +121,21 @@ def keep_inline_jits_of_current_trace():
 @contextlib.contextmanager
 def inline_late_jits_of_current_trace():
     """Inside a function being traced by ``jax.make_jaxpr`` for a program
-    compiled whole: inline the ``jit(inline=True)`` calls made directly at
-    this level while tracing, as jax 0.10 does (nested levels, whose jaxprs
-    JAX caches for every caller, are untouched).
+    compiled whole: inline, while tracing, the ``jit(inline=True)`` calls made
+    directly at this level (as jax 0.10 does) and the small plain ones
+    (:data:`SMALL_CALL_EQUATIONS`: ``jnp.where``'s ``_where``, ``jnp.clip``,
+    ``jnp.cumprod``).  Nested levels, whose jaxprs JAX caches for every
+    caller, are untouched.
 
-    jax 0.11+ keeps such a call (``Inline.JAX_LATE``: every ``jnp`` ufunc,
-    ``jnp.clip``, ``jnp.where``) in the jaxpr and inlines it only when
-    lowering, so the compiled program is the same either way.  The guard's
-    analysis and rewrite pay per call (a nested analysis, a forward context,
-    a guarded body re-bound as a call with masks passed in and a shared-body
-    fingerprint) what they do not pay per equation: numpyro's
-    StickBreakingTransform traced as a user writes it has five such calls
-    around eight operations.  Yields whether the rule is in place."""
+    jax 0.11+ keeps an inline call (``Inline.JAX_LATE``: every ``jnp`` ufunc)
+    in the jaxpr and inlines it only when lowering, and XLA inlines every
+    call before optimising, so the compiled program is the same either way.
+    The guard's analysis and rewrite pay per call (a nested analysis, a
+    forward context, a guarded body re-bound as a call with masks passed in
+    and a shared-body fingerprint) what they do not pay per equation:
+    numpyro's StickBreakingTransform traced as a user writes it has five
+    such calls around eight operations.  Yields whether the rule is in
+    place."""
     if not _install_staging_rule():
         yield False
         return

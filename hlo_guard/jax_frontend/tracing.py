@@ -270,8 +270,9 @@ def trace(
     runs each as one compiled computation, and so must eager ``guard(fn)``
     to give the same bits.  A program staged into a jaxpr is compiled whole
     and needs no such boundary: its trace inlines them, as jax 0.10's own
-    trace does (jax 0.11+ keeps them until lowering; the guard inlines them
-    at this level while tracing, :func:`compat.inline_late_jits_of_current_trace`).
+    trace does (jax 0.11+ keeps them until lowering), and the small plain
+    calls ``fn`` makes, as XLA does
+    (:func:`compat.inline_late_jits_of_current_trace`).
     JAX's tracing errors name ``fn`` and its arguments, not this flat
     wrapper.  ``constant_leaves``: leaves no enclosing transformation
     differentiates, analysed as constants (no derivative)."""
