@@ -69,7 +69,7 @@ def _install_staging_rule() -> bool:
     ours is marked to keep them, its inline jits are staged as calls (params
     unchanged, so re-binding them later inlines them exactly where JAX would
     have); while one is marked to inline them, its late-inline and small
-    plain jits are inlined (:func:`inline_late_jits_of_current_trace`)."""
+    plain jits are inlined (:func:`inline_jits_of_current_trace`)."""
     installed = _STAGING["installed"]
     if installed is not None:
         return installed
@@ -88,10 +88,10 @@ def _install_staging_rule() -> bool:
         )
 
     def staging_rule(trace, source_info, *args, **params):
-        if jit_inlines(params) and _keeps_inline_jits(trace) and plain_body(params):
+        if jit_inlines(params) and _marked(trace, "keep") and plain_body(params):
             return trace.default_process_primitive(jit_p, args, params, source_info=source_info)
         early = _inlined_early(params)
-        if early is not None and _inlines_late_jits(trace) and plain_body(params):
+        if early is not None and _marked(trace, "inline") and plain_body(params):
             return original(trace, source_info, *args, **early)
         return original(trace, source_info, *args, **params)
 
@@ -102,30 +102,44 @@ def _install_staging_rule() -> bool:
 
 
 @contextlib.contextmanager
-def keep_inline_jits_of_current_trace():
-    """Inside a function being traced by ``jax.make_jaxpr``: stage the
-    ``jit(inline=True)`` calls made directly at this level as calls instead
-    of inlining them (nested levels are untouched)."""
+def _marking_current_trace(mode: str):
+    """Mark the trace JAX binds to now for one staging ``mode`` of the
+    wrapped ``jit`` rule (``"keep"``: stage inline jits as calls;
+    ``"inline"``: inline small and late-inline jits) for the block.  Only
+    that trace is marked: the nested traces of calls made in the block,
+    whose jaxprs JAX caches for every caller, are untouched.  Yields whether
+    the rule is in place."""
     if not _install_staging_rule():
         yield False
         return
     trace = current_trace()
-    prev = getattr(_local, "traces", ())
-    _local.traces = prev + (trace,)
+    attr = f"marked_{mode}"
+    prev = getattr(_local, attr, ())
+    setattr(_local, attr, prev + (trace,))
     try:
         yield True
     finally:
-        _local.traces = prev
+        setattr(_local, attr, prev)
 
 
-@contextlib.contextmanager
-def inline_late_jits_of_current_trace():
+def _marked(trace, mode: str) -> bool:
+    """Whether ``trace`` is marked for ``mode`` (:func:`_marking_current_trace`)."""
+    return any(trace is t for t in getattr(_local, f"marked_{mode}", ()))
+
+
+def keep_inline_jits_of_current_trace():
+    """Inside a function being traced by ``jax.make_jaxpr``: stage the
+    ``jit(inline=True)`` calls made directly at this level as calls instead
+    of inlining them (nested levels are untouched)."""
+    return _marking_current_trace("keep")
+
+
+def inline_jits_of_current_trace():
     """Inside a function being traced by ``jax.make_jaxpr`` for a program
     compiled whole: inline, while tracing, the ``jit(inline=True)`` calls made
     directly at this level (as jax 0.10 does) and the small plain ones
     (:data:`SMALL_CALL_EQUATIONS`: ``jnp.where``'s ``_where``, ``jnp.clip``,
-    ``jnp.cumprod``).  Nested levels, whose jaxprs JAX caches for every
-    caller, are untouched.
+    ``jnp.cumprod``).  Nested levels are untouched.
 
     jax 0.11+ keeps an inline call (``Inline.JAX_LATE``: every ``jnp`` ufunc)
     in the jaxpr and inlines it only when lowering, and XLA inlines every
@@ -134,24 +148,8 @@ def inline_late_jits_of_current_trace():
     forward context, a guarded body re-bound as a call with masks passed in
     and a shared-body fingerprint) what they do not pay per equation:
     numpyro's StickBreakingTransform traced as a user writes it has five
-    such calls around eight operations.  Yields whether the rule is in
-    place."""
-    if not _install_staging_rule():
-        yield False
-        return
-    trace = current_trace()
-    prev = getattr(_local, "inlining", ())
-    _local.inlining = prev + (trace,)
-    try:
-        yield True
-    finally:
-        _local.inlining = prev
-
-
-def _inlines_late_jits(trace) -> bool:
-    """Whether ``trace`` is one of ours inlining its late-inline jits
-    (:func:`inline_late_jits_of_current_trace`)."""
-    return any(trace is t for t in getattr(_local, "inlining", ()))
+    such calls around eight operations."""
+    return _marking_current_trace("inline")
 
 
 #: a plain ``jit`` call (``Inline.AUTO``) whose body has at most this many
@@ -193,12 +191,6 @@ def _small_plain_call(params: dict) -> bool:
         and not any(params.get("donated_invars", ()))
         and not params.get("compiler_options_kvs")
     )
-
-
-def _keeps_inline_jits(trace) -> bool:
-    """Whether ``trace`` is one of ours keeping its inline jits as calls
-    (:func:`keep_inline_jits_of_current_trace`)."""
-    return any(trace is t for t in getattr(_local, "traces", ()))
 
 
 def staged_into_a_jaxpr() -> bool:
@@ -289,7 +281,7 @@ def inline_jits_inline_here() -> bool:
     its inline jits as calls): then calling the function is the same as
     binding the jit, without tracing it to a jaxpr of its own first."""
     trace = _plain_jaxpr_trace()
-    return trace is not None and not _keeps_inline_jits(trace)
+    return trace is not None and not _marked(trace, "keep")
 
 
 def attach_debug_info(flat_fn, fn, args, kwargs, static_argnums, static_argnames) -> bool:
@@ -525,7 +517,7 @@ def inline_in_place(eqn, invals, source):
         eqn.effects
         or params.get("compiler_options_kvs")
         or not jit_inlined_while_tracing(params)
-        or _keeps_inline_jits(trace)
+        or _marked(trace, "keep")
     ):
         return None
     found = _operand_tracers(trace, eqn, invals, source)

@@ -21,7 +21,7 @@ from hlo_guard.errors import GuardUsageError
 from hlo_guard.jax_frontend.argument_state import replaced_leaves
 from hlo_guard.jax_frontend.compat import (
     attach_debug_info,
-    inline_late_jits_of_current_trace,
+    inline_jits_of_current_trace,
     keep_inline_jits_of_current_trace,
 )
 from hlo_guard.jax_frontend.graph import JaxprGraph
@@ -272,7 +272,7 @@ def trace(
     and needs no such boundary: its trace inlines them, as jax 0.10's own
     trace does (jax 0.11+ keeps them until lowering), and the small plain
     calls ``fn`` makes, as XLA does
-    (:func:`compat.inline_late_jits_of_current_trace`).
+    (:func:`compat.inline_jits_of_current_trace`).
     JAX's tracing errors name ``fn`` and its arguments, not this flat
     wrapper.  ``constant_leaves``: leaves no enclosing transformation
     differentiates, analysed as constants (no derivative)."""
@@ -285,7 +285,7 @@ def trace(
         keep = (
             keep_inline_jits_of_current_trace()
             if keep_inline_jits
-            else inline_late_jits_of_current_trace()
+            else inline_jits_of_current_trace()
         )
         with keep:
             out = fn(*args, **kwargs)
