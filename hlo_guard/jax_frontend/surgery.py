@@ -114,18 +114,19 @@ def evaluate_by_surgery(analysis: Analysis, consts, args, mode: str, name: str):
         return None
     if not all(compat.staged_in(a, trace) for a in args):
         return None
-    spliced = _guards_in_side_trace(plan_of(analysis), graph, mode)
+    plan = plan_of(analysis)
+    spliced = _guards_in_side_trace(plan, mode)
     if spliced is None:
         return None
     new_jaxpr, new_consts = spliced
     outs = compat.bind_as_call(new_jaxpr, [*consts, *new_consts, *args], name)
     if outs is None:
         return None
-    plan_of(analysis).record.finished.add(mode)
+    plan.record.finished.add(mode)
     return outs
 
 
-def _guards_in_side_trace(plan: GuardPlan, graph: JaxprGraph, mode: str) -> tuple[Any, list] | None:
+def _guards_in_side_trace(plan: GuardPlan, mode: str) -> tuple[Any, list] | None:
     """Compute every guard in a side trace and splice its equations in:
     ``(jaxpr, added constants)``, or None when a guard could not be placed
     before its use.
@@ -138,6 +139,7 @@ def _guards_in_side_trace(plan: GuardPlan, graph: JaxprGraph, mode: str) -> tupl
     ones for every later reader."""
     from hlo_guard.jax_frontend.interpreter import Scope
 
+    graph = plan.graph
     jaxpr = graph.jaxpr
     sites = plan.sites_for(mode)
     out_sites = plan.output_sites_by_node
