@@ -33,6 +33,22 @@ def _safe_sqrt(x):
     return jnp.where(x > 0, jnp.sqrt(x), 0.0)
 
 
+@jax.jit
+def _sqrt_where_nonnegative(x):
+    """A small helper whose *taken* branch is singular at 0: sqrt'(0) is a
+    genuine infinity there, which the guard must leave."""
+    return jnp.where(x >= 0, jnp.sqrt(x), 0.0)
+
+
+def uses_genuine_singularity(x):
+    return _sqrt_where_nonnegative(x) * 2.0
+
+
+def uses_genuine_singularity_double_where(x):
+    ok = x >= 0
+    return jnp.where(ok, jnp.sqrt(jnp.where(ok, x, 1.0)), 0.0) * 2.0
+
+
 def _long_helper_body(x):
     for _ in range(SMALL_CALL_EQUATIONS):
         x = jnp.sin(x)
@@ -145,8 +161,18 @@ def _summed(f):
         (uses_small_helper, uses_small_helper_double_where),
         (uses_long_helper, uses_long_helper_double_where),
         (uses_nested_helper, uses_nested_helper_double_where),
+        (uses_genuine_singularity, uses_genuine_singularity_double_where),
     ],
-    ids=["small", "long", "nested"],
+    ids=["small", "long", "nested", "genuine"],
 )
 def test_derivatives_match_the_double_where(f, dw, mode):
     assert_like_double_where(DERIVATIVES[mode], _summed(f), _summed(dw), X)
+
+
+def test_a_genuine_singularity_in_an_inlined_call_stays_infinite():
+    """At ``x = 0`` the helper takes ``sqrt``: its derivative is infinite
+    there in plain JAX, in the double where and under the guard."""
+    assert "_sqrt_where_nonnegative" not in _call_names(_guarded_program(uses_genuine_singularity))
+    grad = np.asarray(jax.jit(jax.grad(_summed(hlo_guard.guard(uses_genuine_singularity))))(X))
+    assert np.isposinf(grad[1])  # X[1] == 0
+    assert np.all(np.isfinite(np.delete(grad, 1)))
