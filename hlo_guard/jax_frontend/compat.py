@@ -334,6 +334,28 @@ def primitive_jvp(prim):
     return rule, zero, ad_util.Zero
 
 
+def custom_jvp_rule_jaxpr(eqn, tangent_is_zero: list[bool]):
+    """A staged ``custom_jvp_call``'s rule as a jaxpr: ``(jaxpr, consts,
+    out_zeros)``, the jaxpr taking the non-constant primals then the tangents
+    not flagged zero, ``out_zeros`` flagging the output tangents the rule
+    leaves symbolically zero; or None.
+
+    This is the very thunk JAX's own JVP of the equation calls
+    (``custom_derivatives.lift_jvp``), memoized per equation by JAX; calling
+    it directly skips the JVP machinery wrapped around it (a JVP trace, the
+    primitive's processing, the primal body bound again), which cost as much
+    again as tracing the rule itself (Equinox's vmapped ``relu``, whose rule
+    is traced afresh in every trace)."""
+    rule = eqn.params.get("jvp_jaxpr_fun")
+    call_wrapped = getattr(rule, "call_wrapped", None)
+    if call_wrapped is None:  # pragma: no cover - a future JAX
+        return None
+    found = call_wrapped(*tangent_is_zero)
+    if not (isinstance(found, tuple) and len(found) == 3):  # pragma: no cover
+        return None
+    return found
+
+
 # -- staging a re-evaluated equation by copying it ------------------------------
 
 

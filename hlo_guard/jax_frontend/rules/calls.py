@@ -28,7 +28,7 @@ from hlo_guard.jax_frontend.bodies import (
     holds_throughout,
     scope_name,
 )
-from hlo_guard.jax_frontend.compat import evaluating_eagerly, scan_layout
+from hlo_guard.jax_frontend.compat import scan_layout
 from hlo_guard.jax_frontend.graph import (
     JaxprGraph,
     body_graph,
@@ -54,7 +54,6 @@ from hlo_guard.jax_frontend.rules.forward_context import (
     taint_gaps,
 )
 from hlo_guard.jax_frontend.rules.hazards import hazard_before
-from hlo_guard.jax_frontend.trace_cache import WeakCacheByJaxpr
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import ALL, NONE
 from passes.rules import ForwardRule, implements
@@ -770,7 +769,9 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     """Tangent masks of a lane-wise ``custom_jvp`` call's outputs, from its own
     rule: JVP the call at its (gradient-stopped) operands with a tangent that
     is NaN in operand ``k``'s live lanes and 1 in its dead lanes, one operand
-    at a time.  An output lane is live iff the NaN arrives there: the rule's
+    at a time -- by evaluating the rule's jaxpr as JAX's JVP of the call does
+    (:func:`_rule_tangents`), or by that JVP where the rule's jaxpr is not
+    to be had.  An output lane is live iff the NaN arrives there: the rule's
     tangent depends on a live input tangent.  It does not where the rule
     *selects* a constant (``relu``: ``select(x > 0, t, 0)``) or where only
     dead lanes feed the lane (the caller also ANDs the result with the
@@ -809,83 +810,66 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     found: list = [None] * len(eqn.outvars)
     for k in diff:
         aval = eqn.invars[k].aval
-        live_lanes = materialize(in_masks[k], tuple(aval.shape))
-
-        def probe(*vals_and_lanes, k=k, aval=aval):
-            *vals_k, lanes = vals_and_lanes
-            tangent = jax.numpy.where(lanes, jax.numpy.nan, 1).astype(aval.dtype)
-            _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals_k, [k], [tangent])
-            return {
-                j: jax.numpy.isnan(o)
-                for j, o in enumerate(outs)
-                if o.dtype != jax.dtypes.float0 and is_inexact_aval(eqn.outvars[j].aval)
-            }
-
-        for j, live in _probe_once(eqn, k, probe, [*vals, live_lanes]).items():
+        lanes = materialize(in_masks[k], tuple(aval.shape))
+        tangent = jax.numpy.where(lanes, jax.numpy.nan, 1).astype(aval.dtype)
+        outs = _rule_tangents(eqn, vals, k, tangent)
+        if outs is None:
+            _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals, [k], [tangent])
+        for j, o in enumerate(outs):
+            if o is None or o.dtype == jax.dtypes.float0:
+                continue  # a symbolically zero tangent: no live lane
+            if not is_inexact_aval(eqn.outvars[j].aval):
+                continue
+            live = jax.numpy.isnan(o)
             found[j] = live if found[j] is None else (found[j] | live)
     return [NONE if m is None else normalize(m) for m in found]
 
 
-#: custom_jvp primal body (weakly: JAX traces a rule's call once per argument
-#: types and hands the same jaxpr object to every trace) -> {(operand,
-#: argument types, parameters): (the JVP rule, the probe of that operand as a
-#: jaxpr, its output indices)}
-_PROBE_JAXPRS = WeakCacheByJaxpr("hlo_guard custom_jvp rule probes")
-
-
-def _probe_once(eqn, k, probe, args) -> dict:
-    """``probe(*args)`` staged into the jaxpr being traced.  The JVP of a
-    rule (the ``custom_jvp`` machinery, the rule's own Python) costs several
-    times the equations it stages, and a library's rule is probed in every
-    trace (``numpyro``'s ``log_sigmoid`` -> ``softplus`` -> ``logaddexp``):
-    the second time a body is probed with one rule, operand and argument
-    types, the probe is traced to a jaxpr, whose equations are then copied
-    in at every later call.  The first time, the probe runs in place and
-    only the rule's ``id`` is noted: a body traced afresh per call
-    (Equinox's ``relu``) never comes again and costs nothing more.  Eager
-    evaluation and rules that need concrete values probe in place."""
+def _rule_tangents(eqn, vals, k, tangent):
+    """The output tangents of ``eqn``'s own rule at ``vals`` with ``tangent``
+    in operand ``k`` and zero in the others -- None for an output tangent the
+    rule leaves symbolically zero -- computed as JAX's JVP of the equation
+    computes them (``custom_derivatives.lift_jvp``): the rule's jaxpr,
+    evaluated here.  JAX's JVP hands a rule without ``symbolic_zeros`` zeros
+    instantiated, so those are passed too.  None where this does not apply
+    (a constant operand, an integer operand whose zero tangent is
+    ``float0``, a rule that needs concrete values or has effects): the
+    caller then takes JAX's JVP itself."""
     import jax
 
-    from hlo_guard.jax_frontend.compat import restage_available
-
-    body = eqn.params.get("call_jaxpr")
-    rule = eqn.params.get("jvp_jaxpr_fun")
-    if body is None or rule is None or not restage_available() or evaluating_eagerly():
-        return probe(*args)
-    try:
-        avals = tuple(jax.typeof(a) for a in args)
-        key = (k, avals, eqn.params.get("num_consts"), eqn.params.get("symbolic_zeros"))
-        per_body = _PROBE_JAXPRS.entries.setdefault(body, {})
-        found = per_body.get(key)
-    except TypeError:  # an argument without a JAX type, an unhashable one
-        return probe(*args)
-    if found is not None and found[0] is rule:
-        return _splice(found[1], found[2], args)
-    if found is None or found[0] != id(rule):
-        per_body[key] = (id(rule), None, None)  # seen once: the rule's id, nothing held
-        return probe(*args)
-    try:
-        closed, out_shape = jax.make_jaxpr(probe, return_shape=True)(*args)
-    except Exception:  # noqa: BLE001 - a rule that needs concrete values: probe in place
-        return probe(*args)
-    if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
-        return probe(*args)  # it closed over a value of this trace: not for the next
-    per_body[key] = (rule, closed, sorted(out_shape))
-    return _splice(closed, sorted(out_shape), args)
-
-
-def _splice(closed, outputs, args) -> dict:
-    """The probe jaxpr's equations staged here reading ``args`` (copied
-    where :func:`bind_eqn` can), as ``{output index: mask}``."""
     from hlo_guard.jax_frontend.binding import bind_eqn
+    from hlo_guard.jax_frontend.compat import custom_jvp_rule_jaxpr
+    from hlo_guard.jax_frontend.graph import is_inexact_aval
 
-    env = dict(zip(closed.jaxpr.constvars, closed.consts))
-    env.update(zip(closed.jaxpr.invars, args))
-    for e in closed.jaxpr.eqns:
-        invals = [v.val if is_literal(v) else env[v] for v in e.invars]
-        env.update(zip(e.outvars, bind_eqn(e, invals)))
-    outs = [v.val if is_literal(v) else env[v] for v in closed.jaxpr.outvars]
-    return dict(zip(outputs, outs))
+    n = eqn.params.get("num_consts", 0)
+    if eqn.primitive.name != "custom_jvp_call" or k < n:
+        return None
+    symbolic = bool(eqn.params.get("symbolic_zeros"))
+    operands = range(n, len(eqn.invars))
+    if not symbolic and not all(is_inexact_aval(eqn.invars[i].aval) for i in operands):
+        return None
+    zero_flags = [symbolic and i != k for i in operands]
+    try:
+        found = custom_jvp_rule_jaxpr(eqn, zero_flags)
+    except Exception:  # noqa: BLE001 - JAX's own JVP says what went wrong
+        return None
+    if found is None or found[0].effects:
+        return None
+    jaxpr, consts, out_zeros = found
+    tangents = [
+        tangent if i == k else jax.numpy.zeros_like(vals[i])
+        for i, flag in zip(operands, zero_flags)
+        if not flag
+    ]
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, [*vals[n:], *tangents]))
+    for e in jaxpr.eqns:
+        env.update(
+            zip(e.outvars, bind_eqn(e, [v.val if is_literal(v) else env[v] for v in e.invars]))
+        )
+    outs = [v.val if is_literal(v) else env[v] for v in jaxpr.outvars]
+    nonzero = iter(outs[len(out_zeros) :])
+    return [None if zero else next(nonzero) for zero in out_zeros]
 
 
 _STRUCTURE_KINDS = ("elementwise", "zero-derivative", "structural", "pass-through", "linear")
