@@ -181,3 +181,39 @@ def test_a_vmapped_relu_per_lane():
     want = np.diag([0.5 / np.sqrt(v) if v > 0 else 0.0 for v in np.asarray(X, np.float64)])
     assert np.isnan(np.asarray(jax.jacfwd(f)(X))).any()
     np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-6)
+
+
+def _relu_output_guards(f, *args) -> list:
+    """The forward-mode output guards ``explain`` lists on ``relu`` calls."""
+    report = hlo_guard.explain(f, *args)
+    return [s for s in report.guards if s.op == "custom_jvp_call" and s.mode == "forward"]
+
+
+def test_relu_on_a_live_tangent_gets_no_output_guard():
+    """A ``relu`` whose operand's tangent is live makes its zero tangent
+    lanes itself, by selection: exact zeros, no guard of its own and no
+    probe (the ``sqrt`` after it keeps its output guard).  In a network the
+    first layer's relu is such a call; a later one, whose operand's tangent
+    is zero in the lanes where every relu before it is off, keeps its guard
+    (the rule is not known to select rather than multiply)."""
+    w = jnp.asarray([[1.0, -2.0], [0.5, 1.5], [-1.0, 0.25]], jnp.float32)
+
+    def mlp(x):
+        h = jax.nn.relu(x @ w)
+        return jnp.sum(jnp.sqrt(jax.nn.relu(h @ w.T)))
+
+    x = jnp.asarray([0.5, -1.0, 2.0], jnp.float32)
+    (second,) = _relu_output_guards(mlp, x)  # both relus had one
+    assert "dot_general" in second.operand_expr
+    assert _relu_output_guards(CASES["relu"][0], X) == []
+    assert any(s.op == "sqrt" for s in hlo_guard.explain(CASES["relu"][0], X).guards)
+
+
+def test_relu_on_a_partly_zero_tangent_keeps_its_output_guard():
+    """Where the operand's tangent is partly structurally zero, a rule may
+    multiply those zeros by inf (``entr``): the call keeps its guard."""
+    f = lambda x: jnp.sum(jnp.sqrt(jax.nn.relu(jnp.where(x > 0.3, x, 0.0))) * x)
+    assert len(_relu_output_guards(f, X)) == 1
+    g = lambda x: jnp.sum(jax.scipy.special.entr(jnp.where(x > 0, x, 0.0)) * x)
+    report = hlo_guard.explain(g, X)
+    assert [s for s in report.guards if s.mode == "forward"]

@@ -633,6 +633,31 @@ class CustomCall(JaxRule):
             )
         return [joined_in] * len(eqn.outvars)
 
+    def body_guards_own_outputs(self, backward, forward, node):
+        """A lane-wise ``custom_jvp`` call whose differentiable operands all
+        carry fully live tangents needs no output guard of its own.
+
+        Its outputs' zero tangent lanes are then the rule's own selections
+        (``relu``'s ``select(x > 0, t, 0)``): the probe calls a lane dead
+        only where no operand's tangent reaches it, so the rule computes it
+        without the tangents -- an exact zero, for a rule linear in its
+        tangents as JAX requires.  An output guard exists for an operation
+        that multiplies a structurally zero *input* tangent by inf, and here
+        there is none.  It would select 0 where the rule already gives 0, at
+        the price of the probe and a select per call: one per activation of
+        every ``relu`` network (found 2026-11-27 with Equinox's MLP, whose
+        probes grew its trace cost with depth).  Where an operand's tangent
+        is partly zero the rule may multiply those zeros by inf (``entr``'s
+        ``t * (log(x) + 1)`` at 0), and the guard stays."""
+        eqn = backward.graph.eqns[node]
+        if eqn.primitive.name != "custom_jvp_call" or not is_lanewise_call(eqn):
+            return False
+        graph = forward.graph
+        return all(
+            graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
+            for v in eqn.invars
+        )
+
     def forward_masks(self, mctx, node, eqn, in_masks):
         from hlo_guard.jax_frontend.mask_ops import broadcast_to
         from passes.masks import ALL
