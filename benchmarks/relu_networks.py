@@ -12,9 +12,9 @@ is exact.
   one-hot cross-entropy: each relu's operand carries a live tangent;
 * a two-layer relu MLP whose loss picks the label's log-probability with
   ``take_along_axis`` (Equinox's CNN tutorial writes it this way): the gather
-  leaves the other logits dead, which the static analysis cannot see
-  ``log_softmax`` revive row by row (benchmarks/RESULTS.md, seventeenth
-  session).
+  leaves the other logits dead, and ``log_softmax`` revives every row, which
+  the analysis knows because the gather reads a lane of every row
+  (``Liveness.covered``; benchmarks/RESULTS.md, seventeenth session).
 
     python benchmarks/relu_networks.py
 """

@@ -40,11 +40,24 @@ class Liveness:
     through ``sqrt`` in the other -- is recognised statically as being as live
     as the select's output.  Without it the mask ``or(not p, p)`` would be
     built at run time, and ``p`` may sit downstream.
+
+    ``covered``, when set, is ``(axes, shape)``: of a value of that shape,
+    every line of lanes along ``axes`` (every coordinate of the other axes)
+    holds at least one live lane.  A gather that reads a lane of every batch
+    row makes it (``take_along_axis`` of a cross-entropy: each row's label).
+    An operation that sums each line into one lane -- a broadcast of a
+    row-wise value back over the row, as ``logsumexp`` is broadcast in
+    ``log_softmax`` -- then has a fully live operand, although the lanes
+    themselves are only partly live: that every row has a live lane is known
+    while tracing, not only at run time.  Like ``partition`` it survives only
+    operations that keep every lane where it is (the shape is recorded so
+    that a consumer can check that the axes still mean what they meant).
     """
 
     level: Level
     origins: tuple[Hashable, ...] = ()
     partition: tuple | None = None
+    covered: tuple | None = None
 
     @property
     def is_live(self) -> bool:
@@ -79,30 +92,62 @@ class Liveness:
         if not other.reaches_output:
             return self
         a, b = self.partition, other.partition
+        covered = _joined_cover(self.covered, other.covered)
         if a is not None and b is not None and a[0] == b[0]:
             cases = a[1] | b[1]
             if len(cases) == a[2]:
                 return a[3]
             return Liveness(
-                Level.PARTIAL, merge_origins(self.origins, other.origins), (a[0], cases, a[2], a[3])
+                Level.PARTIAL,
+                merge_origins(self.origins, other.origins),
+                (a[0], cases, a[2], a[3]),
+                covered,
             )
         level = max(self.level, other.level)
-        return Liveness(level, merge_origins(self.origins, other.origins))
+        return Liveness(level, merge_origins(self.origins, other.origins), None, covered)
 
     def with_origin(self, origin: Hashable) -> Liveness:
         """The same liveness, additionally blamed on ``origin``."""
         if self.level is Level.LIVE:
             return self
-        return Liveness(self.level, merge_origins((origin,), self.origins))
+        return Liveness(self.level, merge_origins((origin,), self.origins), None, self.covered)
 
     def without_partition(self) -> Liveness:
-        """For operations that move lanes around (transpose, slice, concat ...)."""
-        if self.partition is None:
+        """For operations that move lanes around (transpose, slice, concat ...):
+        neither the select partition nor the covered lines survive them."""
+        if self.partition is None and self.covered is None:
             return self
         return Liveness(self.level, self.origins)
 
+    def without_cover(self) -> Liveness:
+        """For an operand whose lanes do not line up with the value's: an
+        implicitly broadcast operand of an elementwise op."""
+        if self.covered is None:
+            return self
+        return Liveness(self.level, self.origins, self.partition)
+
+    def covers_lines_along(self, axes, shape) -> bool:
+        """Whether, of this value of ``shape``, every line along ``axes``
+        holds a live lane (``covered`` names a subset of them): an operation
+        that sums each such line into one lane reads a live lane in each."""
+        if self.covered is None or self.level is not Level.PARTIAL:
+            return False
+        own_axes, own_shape = self.covered
+        return tuple(own_shape) == tuple(shape) and own_axes <= frozenset(axes)
+
     def __repr__(self) -> str:  # compact, for debugging dumps
         return f"{self.level.name}{list(self.origins) if self.origins else ''}"
+
+
+def _joined_cover(a: tuple | None, b: tuple | None) -> tuple | None:
+    """Lanes live in either use: a line with a live lane in one use has one
+    in the join, so either fact holds of it; the one over fewer axes is kept
+    (a sum over more axes reads every line of it too)."""
+    if a is None:
+        return b
+    if b is None or len(a[0]) <= len(b[0]):
+        return a
+    return b
 
 
 def merge_origins(a: tuple, b: tuple) -> tuple:

@@ -500,6 +500,44 @@ def test_partition_is_dropped_by_lane_moving_operations():
     assert moved.join(other).level is Level.PARTIAL
 
 
+# -- covered lines: every row holds a live lane ------------------------------------
+
+
+def _rows_covered(origin="gather#1"):
+    from passes.lattice import Liveness
+
+    return Liveness(Level.PARTIAL, (origin,), None, (frozenset({1}), (4, 5)))
+
+
+def test_covered_lines_answer_for_sums_over_a_superset_of_their_axes():
+    rows = _rows_covered()
+    assert rows.covers_lines_along([1], (4, 5))
+    assert rows.covers_lines_along([0, 1], (4, 5))
+    assert not rows.covers_lines_along([0], (4, 5))  # a column may be all dead
+    assert not rows.covers_lines_along([1], (5, 4))  # another value's axes
+
+
+def test_covered_lines_survive_joins_and_origins_but_not_moved_lanes():
+    rows = _rows_covered()
+    dead = dead_by("where#1")
+    assert rows.join(dead).covered == rows.covered
+    assert dead.join(rows).covered == rows.covered
+    assert rows.join(partial_by("slice#1")).covered == rows.covered
+    assert rows.with_origin("where#2").covered == rows.covered
+    assert rows.join(LIVE) is LIVE
+    assert rows.without_partition().covered is None
+    assert rows.without_cover().covered is None
+    assert rows.without_cover().level is Level.PARTIAL
+
+
+def test_joined_covered_lines_keep_the_fact_over_fewer_axes():
+    from passes.lattice import Liveness
+
+    wide = Liveness(Level.PARTIAL, ("g#2",), None, (frozenset({0, 1}), (4, 5)))
+    assert wide.join(_rows_covered()).covered == _rows_covered().covered
+    assert _rows_covered().join(wide).covered == _rows_covered().covered
+
+
 # -- shared structural transfer: select partitions do not survive moved lanes ----
 
 

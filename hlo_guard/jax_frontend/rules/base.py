@@ -151,8 +151,32 @@ class ForwardExitSelection(JaxRule):
 
 
 def same_as_output(eqn, outs) -> list[Liveness]:
+    """Each operand lane of an elementwise op is as live as the output lanes
+    it feeds.  An operand broadcast implicitly (a size-1 axis stretched, a
+    scalar) feeds a whole line of output lanes per lane: fully live when
+    every such line holds a live lane (:meth:`Liveness.covers_lines_along`),
+    else as live as the output, without the covered lines (its lanes do not
+    line up with them)."""
     lv = joined(outs)
-    return [lv] * len(eqn.invars)
+    if lv.covered is None:
+        return [lv] * len(eqn.invars)
+    out_shape = aval_shape(eqn.outvars[0])
+    return [_operand_liveness(lv, aval_shape(v), out_shape) for v in eqn.invars]
+
+
+def _operand_liveness(lv: Liveness, shape: tuple, out_shape: tuple) -> Liveness:
+    if shape == out_shape:
+        return lv
+    stretched: list[int]
+    if not shape:
+        stretched = list(range(len(out_shape)))
+    elif len(shape) == len(out_shape):
+        stretched = [k for k, (a, b) in enumerate(zip(shape, out_shape)) if a == 1 and b != 1]
+    else:
+        return lv.without_cover()
+    if lv.covers_lines_along(stretched, out_shape):
+        return LIVE
+    return lv.without_cover()
 
 
 def aval_shape(atom):

@@ -45,7 +45,7 @@ from hlo_guard.jax_frontend.rules.base import (
     forward_placed,
     joined,
 )
-from passes.lattice import LIVE, NO_DERIVATIVE
+from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness
 from passes.masks import ALL, NONE
 from passes.tangent_gaps import is_partly_zero, note_unfollowed
 
@@ -352,12 +352,73 @@ class _Gather(Structural):
     def __init__(self):
         super().__init__(_always)
 
+    def transfer(self, analysis, node, outs):
+        """As any structural op; besides, when the output is fully live and
+        the gather reads a lane of every line along its indexed axes
+        (:func:`_lines_read`), the operand's liveness says so
+        (``Liveness.covered``): a cross-entropy's ``logsumexp``, broadcast
+        back over each row, is then fully live, and so is the network
+        before it -- no guard where every guard would select nothing."""
+        found = super().transfer(analysis, node, outs)
+        lv = found[0]
+        if not joined(outs).is_live or lv.level is not Level.PARTIAL:
+            return found
+        eqn = analysis.graph.eqns[node]
+        axes = _lines_read(eqn)
+        if axes is None:
+            return found
+        covered = (axes, aval_shape(eqn.invars[0]))
+        return [Liveness(lv.level, lv.origins, None, covered), *found[1:]]
+
     def input_masks(self, mctx, node, eqn, out_masks):
         found = super().input_masks(mctx, node, eqn, out_masks)
         bound = _batch_row_bound(eqn, out_masks[0])
         if bound is not None and not is_static(found[0]) and found[0] is not NONE:
             record_within(found[0], *bound)
         return found
+
+
+def _lines_read(eqn) -> frozenset | None:
+    """The operand axes along which a gather reads at least one lane of every
+    line, or None where that is not known while tracing.
+
+    Every operand axis must be a batching axis (each of its coordinates is
+    some output's own: the indices' batching axis has the same size), an
+    indexed axis (``start_index_map``: the lines are along these), or sliced
+    whole; and each batch coordinate must get at least one index vector.
+    An index may still point outside the operand: ``clip`` and
+    ``promise_in_bounds`` read a lane anyway; ``fill`` reads nothing there,
+    so it qualifies only with a NaN fill value (the default for floats,
+    ``take_along_axis``'s), where the row's forward value is NaN and the
+    output, fully live, is NaN with it -- the gradient cannot be clean there
+    whatever the guard does."""
+    from jax.lax import GatherScatterMode
+
+    dn = eqn.params["dimension_numbers"]
+    mode = eqn.params.get("mode")
+    if mode == GatherScatterMode.FILL_OR_DROP:
+        fill = eqn.params.get("fill_value")
+        if fill is not None and not (isinstance(fill, float) and math.isnan(fill)):
+            return None
+    elif mode not in (GatherScatterMode.CLIP, GatherScatterMode.PROMISE_IN_BOUNDS):
+        return None
+    operand, indices = eqn.invars[0], eqn.invars[1]
+    shape = aval_shape(operand)
+    sizes = eqn.params["slice_sizes"]
+    batching = set(getattr(dn, "operand_batching_dims", ()))
+    indexed = set(dn.start_index_map)
+    for k, n in enumerate(shape):
+        if k not in batching and k not in indexed and sizes[k] != n:
+            return None
+    index_shape = aval_shape(indices)
+    per_batch = [
+        n
+        for d, n in enumerate(index_shape[:-1])
+        if d not in set(getattr(dn, "start_indices_batching_dims", ()))
+    ]
+    if not indexed or math.prod(per_batch) < 1 or math.prod(shape) < 1:
+        return None
+    return frozenset(indexed)
 
 
 def _batch_row_bound(eqn, out_mask):
@@ -462,6 +523,24 @@ class _Transpose(_BoolLayout):
 
 
 class _BroadcastInDim(_BoolLayout):
+    def transfer(self, analysis, node, outs):
+        """The operand is fully live when every line of output lanes one
+        operand lane is copied to holds a live lane (the lines along the new
+        and the stretched axes: :meth:`Liveness.covers_lines_along`) -- a
+        per-row value broadcast back over rows that each have a live lane."""
+        found = super().transfer(analysis, node, outs)
+        eqn = analysis.graph.eqns[node]
+        out = joined(outs)
+        if out.covered is None or found[0] is NO_DERIVATIVE:
+            return found
+        dims = [int(d) for d in eqn.params["broadcast_dimensions"]]
+        out_shape = aval_shape(eqn.outvars[0])
+        copied = [d for d in range(len(out_shape)) if d not in dims]
+        copied += [dims[k] for k in self._expanded(eqn)]
+        if out.covers_lines_along(copied, out_shape):
+            return [LIVE, *found[1:]]
+        return found
+
     def keeps_lanes_apart(self, analysis, node) -> bool:
         """A broadcast that replicates nothing -- it only inserts size-1 axes,
         as ``jnp.sum(..., keepdims=True)`` does after its reduction -- is a
