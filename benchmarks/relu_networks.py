@@ -73,9 +73,33 @@ def _take_along_axis_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return loss, (params, *_data())
 
 
+def _flax_cnn() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import flax.linen as nn
+    import optax
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.avg_pool(nn.relu(nn.Conv(8, (3, 3))(x)), (2, 2), (2, 2))
+            x = nn.relu(nn.Conv(16, (3, 3))(x)).reshape((x.shape[0], -1))
+            return nn.Dense(CLASSES)(nn.relu(nn.Dense(HIDDEN)(x)))
+
+    model = CNN()
+    x = jax.random.normal(jax.random.PRNGKey(2), (BATCH, 12, 12, 1))
+    _, y = _data()
+    params = model.init(jax.random.PRNGKey(0), x)
+
+    def loss(params, x, y):
+        logits = model.apply(params, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    return loss, (params, x, y)
+
+
 CASES = {
     "Equinox MLP depth 8, one-hot cross-entropy": _equinox_mlp,
     "2-layer relu MLP, take_along_axis(log_softmax)": _take_along_axis_mlp,
+    "Flax linen CNN (SAME convs, avg_pool), optax integer-label cross-entropy": _flax_cnn,
 }
 
 

@@ -71,3 +71,17 @@ def test_guard_class_breakdown_switches_each_class_off():
     row = measure("attention", "tiny")
     counts = [row[k][0] for k in ("guarded", "no contraction guards", "boundary guards only")]
     assert counts[0] > counts[1] > counts[2] >= row["unguarded"][0]
+
+
+def test_networks_without_the_bug_compile_to_the_unguarded_program():
+    """``benchmarks/relu_networks.py``: an Equinox MLP, a label cross-entropy
+    by ``take_along_axis`` and a Flax CNN have no dead-lane bug; the guard
+    lists no site and the guarded gradient has the unguarded instruction and
+    select counts (a library not installed is reported skipped)."""
+    from benchmarks.relu_networks import run
+
+    rows = [r for r in run() if "skipped" not in r]
+    assert rows
+    for r in rows:
+        assert r["sites"] == 0, r["case"]
+        assert r["guarded"] == r["plain"], r["case"]

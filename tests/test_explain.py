@@ -699,10 +699,18 @@ def test_contraction_guards_are_listed_with_the_operand_they_zero():
 def test_a_contraction_with_a_constant_kernel_is_explained():
     """A closed-over kernel's zeroed lanes have no selecting origin: its
     group sorted against the others' locations crashed ``explain`` (found
-    by a user-style hunt, ``jnp.convolve`` with a constant kernel)."""
-    k = jnp.array([1.0, 2.0, 3.0])
-    x = jnp.array([-1.0, -2.0, 1.0, 4.0])
-    r = explain(lambda x: jnp.convolve(jnp.sqrt(jnp.where(x > 0, x, 0.0)), k).sum(), x)
+    by a user-style hunt, ``jnp.convolve`` with a constant kernel).  The
+    convolution here skips every other input lane (stride 2): a full
+    ``jnp.convolve`` reads every lane, and since its geometry is read it
+    leaves nothing dead to explain."""
+    k = jnp.array([[[2.0]]])
+    x = jnp.array([-1.0, -2.0, 1.0, 4.0, 2.0, 3.0])
+
+    def f(x):
+        s = jnp.sqrt(jnp.where(x > 0, x, 0.0))
+        return lax.conv_general_dilated(s[None, None], k, (2,), "VALID").sum()
+
+    r = explain(f, x)
     groups = r.groups()
     assert groups and all(origins for origins, _ in groups[:-1])
     assert not groups[-1][0]  # the origin-less group comes last

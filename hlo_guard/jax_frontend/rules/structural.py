@@ -830,6 +830,66 @@ def _first_operand_drops(eqn, i):
     return i == 0
 
 
+def _window_reads_all(size, out, window, stride, lo, base=1, dilation=1) -> tuple[bool, bool]:
+    """Along one axis of a windowed op (a convolution, a window sum):
+    whether every operand lane is read by some output's window, and whether
+    every window tap reads some operand lane.  Output ``o``'s tap ``k`` sits
+    at ``o * stride + k * dilation - lo`` in the operand's dilated axis,
+    whose real lanes are the multiples of ``base``."""
+    if out < 1 or size < 1 or window < 1:
+        return False, False
+    at = np.arange(out)[:, None] * stride + np.arange(window)[None, :] * dilation - lo
+    real = (at >= 0) & (at % base == 0) & (at // base < size)
+    lanes = np.zeros(size, bool)
+    lanes[(at[real] // base).astype(int)] = True
+    return bool(lanes.all()), bool(real.any(axis=0).all())
+
+
+def _conv_drops(eqn, i):
+    """A convolution drops lanes of its input only where some input position
+    lies under no output's window (a stride past the kernel, VALID edges),
+    and of its kernel only where a tap meets no input lane; a SAME-padded
+    stride-1 convolution reads every lane of both.  ``lhs_spec`` etc. give
+    each operand's spatial axes after its batch/feature axes."""
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    lhs, rhs = aval_shape(eqn.invars[0]), aval_shape(eqn.invars[1])
+    out = aval_shape(eqn.outvars[0])
+    for j, (lo, _) in enumerate(p["padding"]):
+        reads_lanes, uses_taps = _window_reads_all(
+            lhs[dn.lhs_spec[2 + j]],
+            out[dn.out_spec[2 + j]],
+            rhs[dn.rhs_spec[2 + j]],
+            p["window_strides"][j],
+            lo,
+            p["lhs_dilation"][j],
+            p["rhs_dilation"][j],
+        )
+        if not (reads_lanes if i == 0 else uses_taps):
+            return True
+    return False
+
+
+def _window_sum_drops(eqn, i):
+    """A window sum (average pooling) drops the operand lanes no window
+    covers: a stride past the window, or VALID edges."""
+    p = eqn.params
+    shape, out = aval_shape(eqn.invars[0]), aval_shape(eqn.outvars[0])
+    for j, (lo, _) in enumerate(p["padding"]):
+        reads_lanes, _ = _window_reads_all(
+            shape[j],
+            out[j],
+            p["window_dimensions"][j],
+            p["window_strides"][j],
+            lo,
+            p["base_dilation"][j],
+            p["window_dilation"][j],
+        )
+        if not reads_lanes:
+            return True
+    return False
+
+
 def _as_reduce_sum(eqn):
     return jax.lax.reduce_sum_p, {"axes": tuple(eqn.params["axes"]), "out_sharding": None}
 
@@ -863,7 +923,7 @@ def register(table):
     table.register("scatter", Structural(_always))
     table.register("pad", _Pad(_pad_drops))
     table.register(["split", "unstack"], Structural(_always))
-    table.register("reduce_window_sum", Structural(_always))
+    table.register("reduce_window_sum", Structural(_window_sum_drops))
     # value-dependent selections whose JAX derivative gathers/scatters (exact zeros)
     table.register(
         ["reduce_window_max", "reduce_window_min"], Structural(_always, value_dependent=True)
@@ -889,7 +949,7 @@ def register(table):
     table.register(["scatter-max", "scatter-min"], _ScatterChooser())
     # bilinear: the other operand replaced by ones
     table.register("dot_general", DotGeneral())
-    table.register("conv_general_dilated", Structural(_always, guards=True, bilinear=True))
+    table.register("conv_general_dilated", Structural(_conv_drops, guards=True, bilinear=True))
     table.register("fft", MixingLinear())
     # a permutation by value, the same for every operand: its masks are the
     # operands' (or the outputs') permuted as its JVP (VJP) at the actual,
