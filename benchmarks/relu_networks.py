@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 import hlo_guard
 from benchmarks.hlo_stats import parse_hlo
+from benchmarks.library_cases import run_cases, skipped_row
 
 BATCH, FEATURES, HIDDEN, CLASSES = 32, 64, 128, 10
 
@@ -108,18 +109,16 @@ def _gradient_hlo(fn, args) -> tuple[int, int]:
     return sum(stats.opcodes.values()), stats.opcodes["select"]
 
 
+def measure(loss, args) -> dict:
+    return {
+        "sites": len(hlo_guard.explain(loss, *args).guards),
+        "guarded": _gradient_hlo(hlo_guard.guard(loss), args),
+        "plain": _gradient_hlo(loss, args),
+    }
+
+
 def run() -> list[dict]:
-    rows = []
-    for name, build in CASES.items():
-        try:
-            loss, args = build()
-        except ImportError as exc:
-            rows.append({"case": name, "skipped": str(exc)})
-            continue
-        guarded, plain = _gradient_hlo(hlo_guard.guard(loss), args), _gradient_hlo(loss, args)
-        sites = len(hlo_guard.explain(loss, *args).guards)
-        rows.append({"case": name, "sites": sites, "guarded": guarded, "plain": plain})
-    return rows
+    return run_cases(CASES, measure)
 
 
 def render(rows: list[dict]) -> str:
@@ -128,8 +127,9 @@ def render(rows: list[dict]) -> str:
         "|---|---|---|---|",
     ]
     for r in rows:
-        if "skipped" in r:
-            lines.append(f"| {r['case']} | skipped: {r['skipped']} | | |")
+        skipped = skipped_row(r, 4)
+        if skipped is not None:
+            lines.append(skipped)
             continue
         (gi, gs), (ui, us) = r["guarded"], r["plain"]
         lines.append(f"| {r['case']} | {r['sites']} | {gi} / {ui} ({gi / ui:.2f}x) | {gs} / {us} |")

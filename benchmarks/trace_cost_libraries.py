@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 import hlo_guard
+from benchmarks.library_cases import run_cases, skipped_row
 
 
 def _numpyro_stick_breaking() -> tuple[Callable[[], Callable[..., Any]], tuple[Any, ...]]:
@@ -108,22 +109,15 @@ def measure(make: Callable[[], Callable[..., Any]], args: tuple[Any, ...], round
 
 
 def run(rounds: int = 7) -> list[dict]:
-    rows = []
-    for name, build in CASES.items():
-        try:
-            make, args = build()
-        except ImportError as exc:
-            rows.append({"case": name, "skipped": str(exc)})
-            continue
-        rows.append({"case": name, **measure(make, args, rounds)})
-    return rows
+    return run_cases(CASES, lambda make, args: measure(make, args, rounds))
 
 
 def render(rows: list[dict], limit: float) -> str:
     lines = ["| function | jit trace | guarded trace | ratio |", "|---|---|---|---|"]
     for r in rows:
-        if "skipped" in r:
-            lines.append(f"| {r['case']} | skipped: {r['skipped']} | | |")
+        skipped = skipped_row(r, 4)
+        if skipped is not None:
+            lines.append(skipped)
             continue
         flag = "" if r["ratio"] <= limit else f" (> {limit:g}x)"
         lines.append(

@@ -429,6 +429,15 @@ def broadcast_to(a, shape):
     return xp(a).broadcast_to(a, shape)
 
 
+def stretched_axes(in_shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...]:
+    """The output axes an implicitly broadcast operand of ``in_shape`` is
+    copied along: every axis for a rank-0 operand, else its size-1 axes the
+    output stretches (the operand has the output's rank)."""
+    if len(in_shape) == 0:
+        return tuple(range(len(out_shape)))
+    return tuple(d for d, (i, o) in enumerate(zip(in_shape, out_shape)) if i == 1 and o != 1)
+
+
 def reduce_to_shape(mask, out_shape: Sequence[int], in_shape: Sequence[int]):
     """Mask of an implicitly broadcast operand: a lane is live if any output
     lane it feeds is live (rank-0 operands and size-1 dimensions)."""
@@ -440,7 +449,7 @@ def reduce_to_shape(mask, out_shape: Sequence[int], in_shape: Sequence[int]):
     m = xp(mask)
     if len(in_shape) == 0:
         return normalize(m.any(mask))
-    axes = tuple(d for d, (i, o) in enumerate(zip(in_shape, out_shape)) if i == 1 and o != 1)
+    axes = stretched_axes(in_shape, out_shape)
     reduced = m.any(mask, axis=axes, keepdims=True) if axes else mask
     return normalize(m.reshape(reduced, in_shape))
 

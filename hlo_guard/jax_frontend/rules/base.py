@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.mask_ops import stretched_axes
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import ALL
 from passes.masks import or_all as passes_or_all
@@ -167,14 +168,9 @@ def same_as_output(eqn, outs) -> list[Liveness]:
 def _operand_liveness(lv: Liveness, shape: tuple, out_shape: tuple) -> Liveness:
     if shape == out_shape:
         return lv
-    stretched: list[int]
-    if not shape:
-        stretched = list(range(len(out_shape)))
-    elif len(shape) == len(out_shape):
-        stretched = [k for k, (a, b) in enumerate(zip(shape, out_shape)) if a == 1 and b != 1]
-    else:
+    if shape and len(shape) != len(out_shape):
         return lv.without_cover()
-    if lv.covers_lines_along(stretched, out_shape):
+    if lv.covers_lines_along(stretched_axes(shape, out_shape), out_shape):
         return LIVE
     return lv.without_cover()
 

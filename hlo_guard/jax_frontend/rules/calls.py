@@ -50,6 +50,7 @@ from hlo_guard.jax_frontend.rules.forward_context import (
     needs_guards_in,
     nested_needs_context,
     note_tainted_outputs,
+    operand_tangents_live,
     partly_zero_operand_tangent,
     taint_gaps,
 )
@@ -238,11 +239,7 @@ class Call(JaxRule):
             return None
         if not _output_guards_cover(body_of(eqn)[0]):
             return None
-        graph = forward.graph
-        if all(
-            graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
-            for v in eqn.invars
-        ):
+        if operand_tangents_live(forward, eqn):
             return False
         inner_backward = backward.subs.get((node, 0))
         inner_forward = forward.subs.get((node, 0))
@@ -652,11 +649,7 @@ class CustomCall(JaxRule):
         eqn = backward.graph.eqns[node]
         if eqn.primitive.name != "custom_jvp_call" or not is_lanewise_call(eqn):
             return False
-        graph = forward.graph
-        return all(
-            graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
-            for v in eqn.invars
-        )
+        return operand_tangents_live(forward, eqn)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         from hlo_guard.jax_frontend.mask_ops import broadcast_to
@@ -823,7 +816,6 @@ def probe_rule_tangents(mctx, eqn, in_masks):
     import jax
 
     from hlo_guard.jax_frontend.binding import bind_eqn, jvp_in, stop_if_inexact
-    from hlo_guard.jax_frontend.graph import is_inexact_aval
     from hlo_guard.jax_frontend.mask_ops import materialize, normalize
 
     vals = [stop_if_inexact(mctx.value(v)) for v in eqn.invars]
@@ -864,7 +856,6 @@ def _rule_tangents(eqn, vals, k, tangent):
 
     from hlo_guard.jax_frontend.binding import bind_eqn
     from hlo_guard.jax_frontend.compat import custom_jvp_rule_jaxpr
-    from hlo_guard.jax_frontend.graph import is_inexact_aval
 
     n = eqn.params.get("num_consts", 0)
     if eqn.primitive.name != "custom_jvp_call" or k < n:

@@ -52,6 +52,18 @@ def nested_needs_context(sub, fa) -> bool:
     return False
 
 
+def operand_tangents_live(forward, eqn) -> bool:
+    """Whether every differentiable operand of ``eqn`` (not a constant, of an
+    inexact type) carries a fully live tangent in ``forward``: the context a
+    call's body is analysed in on its own, and one in which no operand's
+    tangent is structurally zero in any lane."""
+    graph = forward.graph
+    return all(
+        graph.is_constant(v) or not is_inexact_aval(v.aval) or forward.value_liveness(v).is_live
+        for v in eqn.invars
+    )
+
+
 def partly_zero_operand_tangent(backward, forward, node) -> Liveness | None:
     """The tangent liveness of the first differentiable operand of ``node``
     that is structurally zero in some or all lanes while a derivative flows

@@ -410,12 +410,8 @@ def _lines_read(eqn) -> frozenset | None:
     for k, n in enumerate(shape):
         if k not in batching and k not in indexed and sizes[k] != n:
             return None
-    index_shape = aval_shape(indices)
-    per_batch = [
-        n
-        for d, n in enumerate(index_shape[:-1])
-        if d not in set(getattr(dn, "start_indices_batching_dims", ()))
-    ]
+    index_batching = set(getattr(dn, "start_indices_batching_dims", ()))
+    per_batch = [n for d, n in enumerate(aval_shape(indices)[:-1]) if d not in index_batching]
     if not indexed or math.prod(per_batch) < 1 or math.prod(shape) < 1:
         return None
     return frozenset(indexed)
