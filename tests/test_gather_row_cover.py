@@ -158,3 +158,16 @@ def test_a_gather_reading_one_lane_of_the_whole_array_covers_only_that():
     assert hlo_guard.explain(f, LOGITS).guards
     got = np.asarray(jax.jit(jax.grad(hlo_guard.guard(f)))(LOGITS))
     np.testing.assert_allclose(got, np.asarray(jax.grad(f)(LOGITS)), rtol=1e-6)
+
+
+def test_a_genuine_singularity_in_a_read_lane_stays():
+    """``log`` of a zero the label reads: the loss is +inf and its
+    derivative there is genuinely infinite; no guard is there to hide it,
+    and the guarded gradient is plain JAX's, non-finite lane included."""
+    x = jnp.abs(LOGITS).at[1, 3].set(0.0)  # row 1's label is 3
+    f = lambda x: -jnp.sum(_picked(jax.nn.log_softmax(jnp.log(x)), LABELS))
+    plain = np.asarray(jax.grad(f)(x))
+    assert not np.isfinite(plain[1, 3])
+    got = np.asarray(jax.jit(jax.grad(hlo_guard.guard(f)))(x))
+    assert not np.isfinite(got[1, 3])
+    np.testing.assert_array_equal(got, plain)

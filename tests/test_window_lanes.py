@@ -147,3 +147,15 @@ def _full_convolve_double_where(x):
 def test_a_full_convolution_after_a_where_is_the_double_where(mode):
     x = jnp.asarray([-1.0, -2.0, 1.0, 4.0], jnp.float32)
     assert_like_double_where(DERIVATIVES[mode], _full_convolve, _full_convolve_double_where, x)
+
+
+def test_a_genuine_singularity_under_a_full_convolution_stays():
+    """``sqrt'(0)`` in a lane the convolution reads, with no selection
+    anywhere: genuinely infinite, and the guarded gradient keeps it."""
+    k = jnp.asarray([1.0, 2.0, 3.0])
+    f = lambda x: jnp.convolve(jnp.sqrt(x), k).sum()
+    x = jnp.asarray([0.0, 1.0, 4.0, 9.0], jnp.float32)
+    plain = np.asarray(jax.grad(f)(x))
+    assert np.isinf(plain[0])
+    for g in (jax.grad(hlo_guard.guard(f)), jax.jit(jax.grad(hlo_guard.guard(f)))):
+        np.testing.assert_array_equal(np.asarray(g(x)), plain)
