@@ -14,7 +14,11 @@ is exact.
   ``take_along_axis`` (Equinox's CNN tutorial writes it this way): the gather
   leaves the other logits dead, and ``log_softmax`` revives every row, which
   the analysis knows because the gather reads a lane of every row
-  (``Liveness.covered``; benchmarks/RESULTS.md, seventeenth session).
+  (``Liveness.covered``; benchmarks/RESULTS.md, seventeenth session);
+* the same MLP with the hand-written ``logp[jnp.arange(B), labels]``: the
+  row index is an ``iota`` the analysis reads (eighteenth session);
+* a Flax linen CNN (SAME 3x3 convs, ``avg_pool``) with optax's
+  integer-label cross-entropy: windows that read every lane drop none.
 
     python benchmarks/relu_networks.py
 """
@@ -74,6 +78,18 @@ def _take_along_axis_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return loss, (params, *_data())
 
 
+def _arange_index_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    _, args = _take_along_axis_mlp()
+
+    def loss(p, x, y):
+        h = jax.nn.relu(x @ p[0] + p[1])
+        h = jax.nn.relu(h @ p[2] + p[3])
+        logp = jax.nn.log_softmax(h @ p[4])
+        return -jnp.mean(logp[jnp.arange(x.shape[0]), y])
+
+    return loss, args
+
+
 def _flax_cnn() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     import flax.linen as nn
     import optax
@@ -100,6 +116,7 @@ def _flax_cnn() -> tuple[Callable[..., Any], tuple[Any, ...]]:
 CASES = {
     "Equinox MLP depth 8, one-hot cross-entropy": _equinox_mlp,
     "2-layer relu MLP, take_along_axis(log_softmax)": _take_along_axis_mlp,
+    "2-layer relu MLP, logp[arange(B), labels]": _arange_index_mlp,
     "Flax linen CNN (SAME convs, avg_pool), optax integer-label cross-entropy": _flax_cnn,
 }
 

@@ -74,8 +74,9 @@ def test_guard_class_breakdown_switches_each_class_off():
 
 
 def test_networks_without_the_bug_compile_to_the_unguarded_program():
-    """``benchmarks/relu_networks.py``: an Equinox MLP, a label cross-entropy
-    by ``take_along_axis`` and a Flax CNN have no dead-lane bug; the guard
+    """``benchmarks/relu_networks.py``: an Equinox MLP, label cross-entropies
+    by ``take_along_axis`` and by ``logp[arange(B), labels]``, and a Flax CNN
+    have no dead-lane bug; the guard
     lists no site and the guarded gradient has the unguarded instruction and
     select counts (a library not installed is reported skipped)."""
     from benchmarks.relu_networks import run

@@ -150,11 +150,93 @@ def test_an_out_of_bounds_label_under_the_nan_fill_is_plain_jax():
     np.testing.assert_array_equal(got, np.asarray(jax.jit(jax.grad(f))(x)))
 
 
-def test_a_gather_reading_one_lane_of_the_whole_array_covers_only_that():
-    """``logp[arange(B), labels]`` indexes both axes: one read lane per index
-    pair says nothing about every row (an arange is a value, not a promise),
-    so a row-wise broadcast stays partly live and is guarded as before."""
-    f = lambda x: -jnp.sum(jax.nn.log_softmax(x)[jnp.arange(B), LABELS])
+#: ``logp[arange(B), labels]`` and the ways users spell it: the row index
+#: counts through every row, so each row has a read lane
+ARANGE = {
+    "arange_and_labels": lambda x, w: (
+        -jnp.mean(jax.nn.log_softmax(jax.nn.relu(x) @ w)[jnp.arange(B), LABELS])
+    ),
+    "column_indices": lambda x, w: (
+        -jnp.mean(jax.nn.log_softmax(x @ w)[jnp.arange(B)[:, None], LABELS[:, None]])
+    ),
+    "negative_labels": lambda x, w: (
+        -jnp.sum(jax.nn.log_softmax(jnp.tanh(x) @ w)[jnp.arange(B), LABELS - C])
+    ),
+    "narrow_arange": lambda x, w: (
+        -jnp.mean(jax.nn.log_softmax(x @ w)[jnp.arange(B, dtype=jnp.int16), LABELS])
+    ),
+    "arange_through_a_call": lambda x, w: (
+        -jnp.mean(
+            jax.jit(lambda lp, r, y: lp[r, y])(jax.nn.log_softmax(x @ w), jnp.arange(B), LABELS)
+        )
+    ),
+    "diagonal": lambda x, w: (
+        -jnp.mean(jax.nn.log_softmax(x @ w[:, :B])[jnp.arange(B), jnp.arange(B)])
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARANGE))
+def test_an_arange_row_index_covers_every_row(case):
+    """Before, an arange was a value, not a promise: six guards here, each
+    selecting nothing.  Its ``iota`` is read while tracing now."""
+    f = ARANGE[case]
+    assert hlo_guard.explain(f, LOGITS, W).guards == []
+    got = _grad(hlo_guard.guard(f))(LOGITS, W)
+    for g, p in zip(got, _grad(f)(LOGITS, W)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(p))
+    np.testing.assert_array_equal(
+        np.asarray(hlo_guard.guard(f)(LOGITS, W)), np.asarray(f(LOGITS, W))
+    )
+
+
+def test_the_arange_loss_compiles_to_the_unguarded_program():
+    def f(x, w, labels):
+        return -jnp.mean(jax.nn.log_softmax(jax.nn.relu(x) @ w)[jnp.arange(B), labels])
+
+    def count(fn):
+        grad = jax.jit(jax.grad(fn, argnums=(0, 1)))
+        text = grad.lower(LOGITS, W, LABELS).compile().as_text()
+        return sum(1 for line in text.splitlines() if " = " in line)
+
+    assert count(hlo_guard.guard(f)) == count(f)
+
+
+#: row indices that skip a row (row 3, or rows 2 and 3): those rows have no
+#: read lane, and the guard must stay
+ROWS_SKIPPED = {
+    "short_arange": (lambda: jnp.arange(B - 1), LABELS[: B - 1], [True, True, True, False]),
+    "halved_arange": (lambda: jnp.arange(B) // 2, LABELS, [True, True, False, False]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROWS_SKIPPED))
+def test_a_row_index_that_skips_rows_keeps_the_guard(case):
+    rows, labels, read = ROWS_SKIPPED[case]
+    read = jnp.asarray(read)
+    x = LOGITS.at[3, 1].set(jnp.inf)  # a skipped row, poisoned
+    f = lambda x: -jnp.sum(jax.nn.log_softmax(x)[rows(), labels])
+
+    def double_where(x):
+        safe = jnp.where(read[:, None], x, 0.0)
+        return -jnp.sum(jax.nn.log_softmax(safe)[rows(), labels])
+
+    assert np.isnan(np.asarray(jax.grad(f)(x))[3]).all()  # the bug is there
+    assert hlo_guard.explain(f, x).guards
+    want = np.asarray(jax.grad(double_where)(x))
+    assert np.isfinite(want).all()
+    for g in (jax.grad(hlo_guard.guard(f)), jax.jit(jax.grad(hlo_guard.guard(f)))):
+        got = np.asarray(g(x))
+        # rows read twice sum their cotangents in an order XLA picks: an ulp
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+        np.testing.assert_array_equal(got[~np.asarray(read)], 0.0)
+
+
+def test_a_reversed_arange_is_not_read_as_one():
+    """``arange(B)[::-1]`` visits every row too, but only an ``iota`` the
+    jaxpr spells is taken as a promise: the guards stay, and select nothing
+    (the gradient is plain JAX's)."""
+    f = lambda x: -jnp.sum(jax.nn.log_softmax(x)[jnp.arange(B)[::-1], LABELS])
     assert hlo_guard.explain(f, LOGITS).guards
     got = np.asarray(jax.jit(jax.grad(hlo_guard.guard(f)))(LOGITS))
     np.testing.assert_allclose(got, np.asarray(jax.grad(f)(LOGITS)), rtol=1e-6)
@@ -171,3 +253,16 @@ def test_a_genuine_singularity_in_a_read_lane_stays():
     got = np.asarray(jax.jit(jax.grad(hlo_guard.guard(f)))(x))
     assert not np.isfinite(got[1, 3])
     np.testing.assert_array_equal(got, plain)
+
+
+def test_a_gather_of_every_row_leaves_nothing_dead():
+    """``log(x)[arange(B)]`` reads every lane: no lane is dead, so no guard
+    (before, the gather counted as a selection and ``log`` was guarded with
+    a mask true everywhere).  ``log'(0)`` on a read lane is genuine: the
+    gradient is plain JAX's, infinite lane included."""
+    x = jnp.abs(LOGITS).at[2, 4].set(0.0)
+    f = lambda x: jnp.sum(jnp.log(x)[jnp.arange(B)] * jnp.arange(1.0, C + 1))
+    assert hlo_guard.explain(f, x).guards == []
+    got = np.asarray(jax.jit(jax.grad(hlo_guard.guard(f)))(x))
+    assert np.isinf(got[2, 4])
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(jax.grad(f))(x)))

@@ -25,7 +25,8 @@ import numpy as np
 from jax import lax
 
 import passes.rules as passes_rules
-from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.graph import Literal, is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.index_values import index_components, iota_axis
 from hlo_guard.jax_frontend.mask_ops import (
     and_,
     broadcast_source,
@@ -364,9 +365,11 @@ class _Gather(Structural):
         if not joined(outs).is_live or lv.level is not Level.PARTIAL:
             return found
         eqn = analysis.graph.eqns[node]
-        axes = _lines_read(eqn)
+        axes = _lines_read(analysis.graph, eqn)
         if axes is None:
             return found
+        if not axes:  # every lane is read by a live output
+            return [LIVE, *found[1:]]
         covered = (axes, aval_shape(eqn.invars[0]))
         return [Liveness(lv.level, lv.origins, None, covered), *found[1:]]
 
@@ -378,14 +381,19 @@ class _Gather(Structural):
         return found
 
 
-def _lines_read(eqn) -> frozenset | None:
+def _lines_read(graph, eqn) -> frozenset | None:
     """The operand axes along which a gather reads at least one lane of every
-    line, or None where that is not known while tracing.
+    line, or None where that is not known while tracing.  An empty set: it
+    reads every lane.
 
     Every operand axis must be a batching axis (each of its coordinates is
     some output's own: the indices' batching axis has the same size), an
     indexed axis (``start_index_map``: the lines are along these), or sliced
     whole; and each batch coordinate must get at least one index vector.
+    An indexed axis whose index component is an ``arange`` over the whole
+    axis (:func:`_counted_axes`: ``logp[jnp.arange(B), labels]``) visits
+    every coordinate, as a batching axis does, so the lines run along the
+    other indexed axes only.
     An index may still point outside the operand: ``clip`` and
     ``promise_in_bounds`` read a lane anyway; ``fill`` reads nothing there,
     so it qualifies only with a NaN fill value (the default for floats,
@@ -414,7 +422,32 @@ def _lines_read(eqn) -> frozenset | None:
     per_batch = [n for d, n in enumerate(aval_shape(indices)[:-1]) if d not in index_batching]
     if not indexed or math.prod(per_batch) < 1 or math.prod(shape) < 1:
         return None
-    return frozenset(indexed)
+    return frozenset(indexed - _counted_axes(graph, eqn))
+
+
+def _counted_axes(graph, eqn) -> set:
+    """Operand axes whose index component counts through the whole axis:
+    an ``arange`` of the axis' size along an index dimension of its own
+    (two components counting along the same index dimension walk a diagonal,
+    so only the first is taken), with a slice of one lane there."""
+    dn = eqn.params["dimension_numbers"]
+    operand, indices = eqn.invars[0], eqn.invars[1]
+    index_batching = set(getattr(dn, "start_indices_batching_dims", ()))
+    last = len(indices.aval.shape) - 1
+    counted, used = set(), set()
+    for body, start, column in index_components(graph, indices):
+        if column.aval.shape[last] != 1 or isinstance(column, Literal):
+            continue
+        index_dim = iota_axis(body, column)
+        if index_dim is None or index_dim == last or index_dim in index_batching:
+            continue
+        axis = dn.start_index_map[start]
+        size = column.aval.shape[index_dim]
+        if size == operand.aval.shape[axis] and eqn.params["slice_sizes"][axis] == 1:
+            if index_dim not in used:
+                counted.add(axis)
+                used.add(index_dim)
+    return counted
 
 
 def _batch_row_bound(eqn, out_mask):
