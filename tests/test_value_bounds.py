@@ -44,6 +44,10 @@ def _bound_of_output(f, *args):
         (lambda s: jnp.minimum(jnp.maximum(s, 1.0), 4.0), 1.0),
         (lambda s: jnp.broadcast_to(jnp.maximum(s, 2.0), (2, 5)), 2.0),
         (lambda s: jnp.maximum(s, 1.7).astype(jnp.int32), 1.0),  # truncation is monotonic
+        (lambda s: jnp.maximum(s, 0.0) + 1e-5, 0.0 + np.float32(1e-5)),  # a sum of bounds
+        (lambda s: jnp.sqrt(jnp.maximum(s, 4.0)), 2.0),
+        (lambda s: jnp.maximum(s, 0.0) + s, None),  # a sum needs both bounds
+        (lambda s: jnp.sqrt(jnp.maximum(s, -4.0)), None),
         (lambda s: jnp.minimum(s, 4.0), None),  # min needs both bounds
         (lambda s: jnp.sum(s), None),
         (lambda s: s * 2.0, None),
@@ -140,3 +144,60 @@ def test_a_taken_zero_under_the_masked_mean_stays_infinite(mode):
     got = np.asarray(MODES[mode](guard(masked_mean(1)))(x0))
     assert np.isinf(got[0])  # (jacfwd's other columns meet it as 0 * inf, as plain JAX's do)
     assert_like_double_where(MODES[mode], masked_mean(1), masked_mean_oracle(1), x0)
+
+
+#: (f, its double where) of a layer norm's scale: the variance clamped at 0
+#: by ``maximum`` (Flax's and Equinox's norms do this), its tangent then
+#: structurally zero where the variance is negative
+V = jnp.array([0.5, -0.25, 2.0, -1.0e-3, 0.75], jnp.float32)  # no tie at 0
+
+
+def _scale_cases(eps):
+    """(f, the hand double where): the clamped lanes get ``g(eps)`` as a
+    constant, the others ``g`` of the variance made safe inside."""
+    scales = {
+        "rsqrt": jax.lax.rsqrt,
+        "one_over_sqrt": lambda u: 1.0 / jnp.sqrt(u),
+        "log": jnp.log,
+    }
+
+    def case(g):
+        def f(v):
+            return jnp.sum(g(jnp.maximum(0.0, v) + eps) * 3.0)
+
+        def oracle(v):
+            pos = v > 0.0
+            clamped = g(jnp.full_like(v, eps))
+            return jnp.sum(jnp.where(pos, g(jnp.where(pos, v, 1.0) + eps), clamped) * 3.0)
+
+        return f, oracle
+
+    return {name: case(g) for name, g in scales.items()}
+
+
+@pytest.mark.parametrize("case", ["rsqrt", "one_over_sqrt", "log"])
+def test_a_scale_bounded_away_from_zero_has_no_output_guard(case):
+    """``rsqrt(maximum(0, var) + eps)``: the operand is at least ``eps``,
+    where the derivative is finite, so a zero tangent stays zero through it
+    (a cost survey found this guard in every Flax LayerNorm and BatchNorm)."""
+    f, _ = _scale_cases(1e-5)[case]
+    assert [s for s in explain(f, V).guards if s.mode == "forward"] == []
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-45], ids=["no_eps", "eps_past_the_dtype"])
+@pytest.mark.parametrize("case", ["rsqrt", "one_over_sqrt", "log"])
+def test_a_scale_that_may_reach_zero_keeps_its_output_guard(case, eps):
+    """Without ``eps`` the clamped lane is 0 and the derivative infinite; an
+    ``eps`` whose derivative overflows float32 (``1e-45`` is a denormal) is
+    no better."""
+    f, oracle = _scale_cases(eps)[case]
+    assert [s for s in explain(f, V).guards if s.mode == "forward"]
+    assert np.isnan(np.asarray(jax.jacfwd(f)(V))).any()  # the leak is real
+    assert_like_double_where(jax.jacfwd, f, oracle, V)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("case", ["rsqrt", "one_over_sqrt", "log"])
+def test_a_bounded_scale_matches_the_double_where(case, mode):
+    f, oracle = _scale_cases(1e-5)[case]
+    assert_like_double_where(MODES[mode], f, oracle, V, atol=1e-3)

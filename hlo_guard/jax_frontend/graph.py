@@ -7,6 +7,7 @@ are mapped to ``None`` here and nowhere else.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import Any
 
@@ -14,11 +15,20 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from hlo_guard.jax_frontend.bodies import body_of, scope_name
+from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_of, scope_name
 
 Literal = jex_core.Literal
 DropVar = jex_core.DropVar
 Var = jex_core.Var
+
+
+#: lane-wise primitives :meth:`JaxprGraph.known_constant` evaluates on known
+#: constants (the arithmetic a scale is computed with), up to this many lanes
+_FOLDED = frozenset(
+    {"sqrt", "rsqrt", "neg", "add", "sub", "mul", "div", "integer_pow", "square", "exp", "log"}
+    | {"max", "min", "pow", "broadcast_in_dim", "reshape"}
+)
+_FOLDED_MAX_SIZE = 64
 
 
 def is_literal(atom) -> bool:
@@ -97,6 +107,8 @@ class JaxprGraph:
         self.operand_source: tuple | None = None
         #: :func:`value_bounds.lower_bound`'s answers for this graph
         self.lower_bounds: dict = {}
+        #: constants :meth:`known_constant` evaluated (None: not known)
+        self._folded_values: dict = {}
         #: node -> the graph of that call's body, seen from here (:meth:`call_body_graph`)
         self._call_bodies: dict[int, JaxprGraph] = {}
         self.eqns = jaxpr.eqns
@@ -174,16 +186,43 @@ class JaxprGraph:
         if where is None:
             return None
         eqn = self.eqns[where[0]]
-        if eqn.primitive.name != "convert_element_type":
+        if eqn.primitive.name == "convert_element_type":
+            val = self.known_constant(eqn.invars[0])
+            if val is None:
+                return None
+            try:
+                with np.errstate(all="ignore"):
+                    return np.asarray(val).astype(eqn.params["new_dtype"])
+            except (TypeError, ValueError):  # a dtype numpy cannot convert to
+                return None
+        if eqn.primitive.name in _FOLDED and len(eqn.outvars) == 1:
+            return self._folded(atom, eqn)
+        if eqn.primitive.name in REWRITTEN_CALLS:  # jnp.sqrt(8): a wrapper call
+            body = self.call_body_graph(where[0])
+            out = body.jaxpr.outvars[where[1]]
+            return out.val if isinstance(out, Literal) else body.known_constant(out)
+        return None
+
+    def _folded(self, atom, eqn):
+        """A small lane-wise op of known constants, evaluated while tracing:
+        ``jnp.sqrt(depth)``, the scale Flax's attention divides queries by.
+        Evaluated by binding the primitive itself on the concrete operands,
+        so the value is JAX's own; remembered per value."""
+        if atom in self._folded_values:
+            return self._folded_values[atom]
+        self._folded_values[atom] = None  # no re-entry while evaluating
+        if math.prod(eqn.outvars[0].aval.shape) > _FOLDED_MAX_SIZE:
             return None
-        val = self.known_constant(eqn.invars[0])
-        if val is None:
+        vals = [self.known_constant(v) for v in eqn.invars]
+        if any(v is None for v in vals):
             return None
         try:
-            with np.errstate(all="ignore"):
-                return np.asarray(val).astype(eqn.params["new_dtype"])
-        except (TypeError, ValueError):  # a dtype numpy cannot convert to
+            with jax.ensure_compile_time_eval(), np.errstate(all="ignore"):
+                found = np.asarray(eqn.primitive.bind(*vals, **eqn.params))
+        except Exception:  # noqa: BLE001 -- a value we cannot fold is just not known
             return None
+        self._folded_values[atom] = found
+        return found
 
     def caller_argument(self, atom):
         """(calling graph, the argument it binds ``atom`` to) for an input of a

@@ -1,11 +1,13 @@
 """Lower bounds a jaxpr guarantees for a value while it is traced.
 
-Only one question is asked of them today: is a divisor at least 1?  The
-masked mean every padded batch computes, ``sum(where(m, x, 0)) /
-maximum(sum(m), 1)``, divides by such a value; ``d(n / d) = dn / d - n dd /
-d**2`` is then finite wherever ``n`` is, so the division needs no
-forward-mode output guard (a structurally zero tangent stays an exact zero
-through it).
+Two questions are asked of them: is a divisor at least 1?  The masked mean
+every padded batch computes, ``sum(where(m, x, 0)) / maximum(sum(m), 1)``,
+divides by such a value; ``d(n / d) = dn / d - n dd / d**2`` is then finite
+wherever ``n`` is, so the division needs no forward-mode output guard (a
+structurally zero tangent stays an exact zero through it).  And is the
+operand of ``rsqrt``/``sqrt``/``log`` at least some ``b > 0``?  Every layer
+norm computes ``rsqrt(maximum(0, var) + eps)``, whose derivative is then
+bounded (a sum's bound is the sum of its operands' bounds).
 
 A bound holds for every element that is not NaN: a NaN divisor makes the
 forward value NaN in every lane it reaches, which is a genuine singularity
@@ -66,6 +68,12 @@ def _lower_bound(graph, atom) -> float | None:
         bound = lower_bound(graph, eqn.invars[0])
         # rounding and truncation are monotonic: x >= b gives conv(x) >= conv(b)
         return None if bound is None else _min_of(_converted(bound, eqn.params["new_dtype"]))
+    if name == "sqrt":  # increasing; a negative bound says nothing
+        bound = lower_bound(graph, eqn.invars[0])
+        return None if bound is None or bound < 0 else float(np.sqrt(bound))
+    if name == "add":
+        bounds = [lower_bound(graph, v) for v in eqn.invars]
+        return None if any(b is None for b in bounds) else sum(bounds)  # type: ignore[arg-type]
     if name == "max":
         known = [b for b in (lower_bound(graph, v) for v in eqn.invars) if b is not None]
         return max(known) if known else None

@@ -54,6 +54,24 @@ class Elementwise(JaxRule):
     def forward(self, fa, node, ins):
         return forward_join(fa, node, ins)
 
+    def guards_input(self, analysis, node, index):
+        """A zero cotangent scaled by a finite constant known while tracing
+        stays an exact zero: the operand ``x`` of ``2 * x`` or ``x / 4``
+        (Dropout's ``x / keep_prob``, ``jnp.mean``'s division by the count)
+        is no hazard, whatever ``x`` holds.  The divisor of ``x / 4`` is
+        never the scaled one; a divisor bounded below but unknown may be NaN
+        in a dead lane, where ``0 / NaN`` would leak, so only a known value
+        counts here."""
+        if not super().guards_input(analysis, node, index):
+            return False
+        eqn = analysis.graph.eqns[node]
+        name = eqn.primitive.name
+        if name == "mul" and len(eqn.invars) == 2:
+            return not _finite_constant(analysis.graph, eqn.invars[1 - index])
+        if name == "div" and index == 0:
+            return not _finite_constant(analysis.graph, eqn.invars[1], nonzero=True)
+        return True
+
     def guards_output(self, analysis, node, index):
         """Scaling by a finite constant known while tracing (``2 * x``,
         ``x / 4``, also through ``jnp``'s wrappers, which receive the scalar
@@ -64,6 +82,8 @@ class Elementwise(JaxRule):
         graph = analysis.graph
         eqn = graph.eqns[node]
         name = eqn.primitive.name
+        if name in _BOUNDED_BELOW_DERIVATIVE:
+            return not _finite_derivative_above(graph, eqn.invars[0], name)
         if name not in ("mul", "div"):
             return True
         known = {i: graph.known_constant(v) for i, v in enumerate(eqn.invars)}
@@ -71,8 +91,11 @@ class Elementwise(JaxRule):
         if name == "mul" and known:
             return not all(np.all(np.isfinite(val)) for val in known.values())
         if name == "div" and list(known) == [1]:
-            val = known[1]
-            return not (np.all(np.isfinite(val)) and np.all(val != 0))
+            return not _finite_constant(graph, eqn.invars[1], nonzero=True)
+        if name == "div" and list(known) == [0] and _finite_constant(graph, eqn.invars[0]):
+            # ``1 / sqrt(var + eps)``: d(n / d) = -n dd / d**2, bounded when d is
+            numerator = float(np.max(np.abs(np.asarray(graph.known_constant(eqn.invars[0])))))
+            return not _finite_derivative_above(graph, eqn.invars[1], "reciprocal", numerator)
         if name == "div":
             # d(n / d) = dn / d - n dd / d**2: finite wherever n is when d >= 1
             # (the masked mean's ``maximum(count, 1)``)
@@ -84,6 +107,53 @@ class Elementwise(JaxRule):
         shape = aval_shape(eqn.outvars[0])
         m = or_all(broadcast_to(m, shape) for m in in_masks)
         return [m] * len(eqn.outvars)
+
+
+#: the magnitude of the derivative at ``x``, decreasing for ``x > 0``: a
+#: lower bound ``b > 0`` of the operand bounds it by its value at ``b``
+_BOUNDED_BELOW_DERIVATIVE = {
+    "sqrt": lambda b: 0.5 / np.sqrt(b),
+    "rsqrt": lambda b: 0.5 * b**-1.5,
+    "log": lambda b: 1.0 / b,
+    # of a known finite numerator over d, per unit of the numerator
+    "reciprocal": lambda b: 1.0 / (b * b),
+}
+
+
+def _finite_derivative_above(graph, atom, name: str, scale: float = 1.0) -> bool:
+    """Whether the operand is bounded below by some ``b > 0`` at which the
+    derivative is still finite in the operand's dtype: then a structurally
+    zero tangent stays zero through the op (``rsqrt(var + eps)`` in every
+    layer norm, the variance clamped at 0 by ``maximum``).  The bound holds
+    for every element that is not NaN (:mod:`value_bounds`): a NaN operand
+    is NaN in the forward value as well, a genuine singularity that no
+    guard should hide."""
+    bound = lower_bound(graph, atom)
+    if bound is None or not bound > 0:
+        return False
+    dtype = np.dtype(atom.aval.dtype)
+    if not np.issubdtype(dtype, np.floating):
+        return False
+    with np.errstate(all="ignore"):
+        # the bound as the dtype holds it, a step down for the rounding
+        b = float(np.nextafter(np.asarray(bound, dtype), np.asarray(0, dtype)))
+        if not b > 0:
+            return False
+        slope = scale * _BOUNDED_BELOW_DERIVATIVE[name](b)
+        return bool(slope <= float(np.finfo(dtype).max))
+
+
+def _finite_constant(graph, atom, nonzero: bool = False) -> bool:
+    """Whether ``atom`` is known while tracing, finite in every lane (and
+    non-zero, if asked)."""
+    val = graph.known_constant(atom)
+    if val is None:
+        return False
+    with np.errstate(all="ignore"):
+        arr = np.asarray(val)
+        if not np.issubdtype(arr.dtype, np.number) or arr.size == 0:
+            return False
+        return bool(np.all(np.isfinite(arr)) and (not nonzero or np.all(arr != 0)))
 
 
 class ZeroDerivative(passes_rules.ZeroDerivative, JaxRule):

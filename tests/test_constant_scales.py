@@ -1,0 +1,109 @@
+"""A use scaled by a finite constant known while tracing is no hazard.
+
+``where(c, x / 2.0, 0)``: the cotangent reaching ``x`` in a dead lane is
+``0 / 2.0``, an exact zero whatever ``x`` holds -- so there is nothing for a
+guard to select.  Dropout (``where(keep, x / keep_prob, 0)``), ``jnp.mean``'s
+division by the count and the attention query scale ``x /
+jnp.sqrt(depth)`` were each guarded before (found 2026-11-27 by a cost survey
+of Flax and Equinox networks).  The constant may reach the operation through
+``jnp``'s wrapper calls, as an argument or as a call's result
+(``jnp.sqrt(8)`` is one), and a small computation of constants is evaluated.
+
+Kept: a scale that is not known (``x * y``), a known divisor of zero, an
+infinite known factor, and a divisor only bounded below (``x / maximum(n,
+1)``: a NaN ``n`` in a dead lane would make ``0 / NaN``).  Each is compared
+with the hand-written double where in the lanes where plain JAX is NaN.
+
+Oracles: plain JAX where it is already clean (bitwise), the double where
+where it is not, in forward and reverse modes and second order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hlo_guard
+from tests.double_where import assert_like_double_where, modes
+
+C = jnp.asarray([True, False, True, False])
+#: dead lanes hold an inf and a NaN
+X = jnp.asarray([1.5, jnp.inf, -2.0, jnp.nan])
+
+SCALED = {
+    "times_a_literal": lambda x: jnp.sum(jnp.where(C, 2.0 * x, 0.0) * x),
+    "divided_by_a_literal": lambda x: jnp.sum(jnp.where(C, x / 2.0, 0.0) * x),
+    "dropout": lambda x: jnp.sum(jnp.tanh(jnp.where(C, x / 0.9, 0.0)) * 3.0),
+    "mean": lambda x: jnp.sum(jnp.where(C[:2], jnp.mean(x.reshape(2, 2), axis=1), 0.0)),
+    "divided_by_a_folded_constant": lambda x: jnp.sum(
+        jnp.where(C, x / jnp.sqrt(8).astype(jnp.float32), 0.0) * x
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALED))
+def test_a_constant_scale_needs_no_guard(case):
+    f = SCALED[case]
+    report = hlo_guard.explain(f, X)
+    assert not [g for g in report.guards if g.output is None], report  # no operand guard
+    plain = np.asarray(jax.grad(f)(X))
+    assert np.isfinite(plain).all()  # the scale kept the dead lanes clean
+    np.testing.assert_array_equal(np.asarray(jax.grad(hlo_guard.guard(f))(X)), plain)
+    # under jit a forward-mode output guard (tanh's) may let XLA fuse differently
+    got = np.asarray(jax.jit(jax.grad(hlo_guard.guard(f)))(X))
+    np.testing.assert_allclose(got, plain, rtol=1e-6, atol=0)
+
+
+#: an inf in a dead lane: ``0 * inf`` there
+FACTOR = jnp.asarray([2.0, jnp.inf, 3.0, 1.0])
+
+
+def _safe(x):
+    return jnp.where(C, x, 1.0)
+
+
+#: (f, its double where): the scale is not a known finite constant
+NOT_A_KNOWN_SCALE = {
+    "factor_not_known_while_tracing": (  # a closed-over array: its value is not read
+        lambda x: jnp.sum(jnp.where(C, x * FACTOR, 0.0)),
+        lambda x: jnp.sum(jnp.where(C, x * jnp.where(C, FACTOR, 0.0), 0.0)),
+    ),
+    "divided_by_zero": (
+        lambda x: jnp.sum(jnp.where(C, x / 0.0, 0.0)),
+        lambda x: jnp.sum(jnp.where(C, _safe(x) / 0.0, 0.0)),
+    ),
+    "times_inf": (
+        lambda x: jnp.sum(jnp.where(C, x * jnp.inf, 0.0)),
+        lambda x: jnp.sum(jnp.where(C, _safe(x) * jnp.inf, 0.0)),
+    ),
+    "divisor_bounded_below": (
+        lambda x: jnp.sum(jnp.where(C, 1.0 / jnp.maximum(x, 1.0), 0.0)),
+        lambda x: jnp.sum(jnp.where(C, 1.0 / jnp.maximum(_safe(x), 1.0), 0.0)),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ["grad", "jacfwd", "hessian"])
+@pytest.mark.parametrize("case", sorted(NOT_A_KNOWN_SCALE))
+def test_anything_else_keeps_its_guard(case, mode):
+    f, double_where = NOT_A_KNOWN_SCALE[case]
+    assert hlo_guard.explain(f, X).guards
+    if mode == "grad":
+        assert np.isnan(np.asarray(jax.grad(f)(X))).any()  # the bug is there
+    d = modes(mode)[mode]
+    assert_like_double_where(d, f, double_where, X)
+
+
+@pytest.mark.parametrize("mode", ["grad", "jacfwd", "hessian", "jacfwd_grad"])
+@pytest.mark.parametrize("case", ["divided_by_a_literal", "divided_by_a_folded_constant"])
+def test_every_mode_matches_the_double_where(case, mode):
+    f = SCALED[case]
+    if case == "divided_by_a_literal":
+        dw = lambda x: jnp.sum(jnp.where(C, _safe(x) / 2.0, 0.0) * _safe(x))
+    else:
+        scale = jnp.sqrt(8).astype(jnp.float32)
+        dw = lambda x: jnp.sum(jnp.where(C, _safe(x) / scale, 0.0) * _safe(x))
+    x = jnp.where(C, X, 0.5)  # finite: hessian's second factor reads x itself
+    assert_like_double_where(modes(mode)[mode], f, dw, x)
