@@ -91,7 +91,7 @@ def bind_with_contraction_guards(eqn, invals, masks):
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp)
 
 
-def _bind_with_jvp(eqn, invals, index, mask_args, jvp):
+def _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply=None):
     """``eqn``'s bare primitive as a ``custom_jvp`` whose JVP is
     ``jvp(apply, values, tangents, {operand index: mask})``.  The masks travel
     as arguments, never through a closure: under ``jax.jit`` the JVP runs
@@ -99,15 +99,22 @@ def _bind_with_jvp(eqn, invals, index, mask_args, jvp):
     prim, params = eqn.primitive, eqn.params
     n = len(invals)
 
-    def apply(*args):
-        return prim.bind(*args, **params)
+    if apply is None:
+
+        def apply(*args):
+            return prim.bind(*args, **params)
 
     @jax.custom_jvp
     def op(*args):
         return apply(*args[:n])
 
     def op_jvp(primals, tangents):
-        return jvp(apply, list(primals[:n]), list(tangents[:n]), dict(zip(index, primals[n:])))
+        _, t_out = jvp(apply, list(primals[:n]), list(tangents[:n]), dict(zip(index, primals[n:])))
+        # the primal through ``op`` itself, not the bare operation the JVP
+        # evaluated: a derivative of this derivative (reverse over reverse,
+        # ``jacrev(grad)``, a gradient penalty) differentiates the primal
+        # again and must meet the guard again
+        return op(*primals), t_out
 
     op.defjvp(op_jvp, symbolic_zeros=True)
     return [op(*invals, *mask_args)]
@@ -131,9 +138,14 @@ def bind_with_broadcast_guards(eqn, invals, masks):
     mask_args = [to_guard_mask(masks[i], out_shape) for i in index]
 
     def jvp(apply, primals, tans, masks):
+        # the broadcast operand as the tangent terms read it: broadcast and
+        # guarded, so that a derivative of this derivative in that operand
+        # (reverse over reverse: the other operand's term ``w * dx``,
+        # differentiated in ``w``) sums live lanes only
         vals = list(primals)
         for i in index:
-            vals[i] = lax_broadcast(vals[i], out_shape)
+            wide_val = lax_broadcast(vals[i], out_shape)
+            vals[i] = lax.select(masks[i], wide_val, lax.stop_gradient(wide_val))
         live = live_tangent_indices(tans)
         if not live:
             out = apply(*vals)
@@ -146,7 +158,7 @@ def bind_with_broadcast_guards(eqn, invals, masks):
                 t = lax.select(masks[i], t, lax.full_like(t, 0))
             live_tans.append(t)
 
-        exact = _exact_jvp(prim, primals, live, live_tans, params)
+        exact = _exact_jvp(prim, vals, live, live_tans, params)
         if exact is not None:
             return exact
         return jvp_in(apply, vals, live, live_tans)
@@ -154,10 +166,51 @@ def bind_with_broadcast_guards(eqn, invals, masks):
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp)
 
 
+def bind_custom_call_with_broadcast_guards(eqn, invals, masks):
+    """Bind a lane-wise ``custom_jvp`` call so that an operand it broadcasts
+    inside its body (``xlogy(a, x)`` with a scalar shape parameter ``a``) has
+    its dead lanes' contributions zeroed before they are summed.
+
+    The broadcast happens inside the call, so neither a select on ``a`` nor
+    an explicitly broadcast ``a`` can reach it (the rule was traced for a
+    scalar).  The call being lane-wise, output lane ``i`` depends on ``a``
+    alone among the broadcast operand's values, with slope ``s_i``: the
+    rule's own tangent for a unit tangent of ``a``.  So the JVP is written
+    as ``s_m * broadcast(da)`` with ``s_m = select(live lanes, s, 0)``, plus
+    the rule's tangent in the operands of the output's shape: in reverse mode
+    ``da``'s cotangent is ``sum(s_m * ct)``, and a dead lane's
+    ``s_i = log(0)`` never meets its zero cotangent.  The forward program is
+    the bare call.  Found by a user-style hunt (2026-11-27): a gamma shape
+    fitted to zero-padded data was NaN with a clean report."""
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    index = sorted(masks)
+    mask_args = [to_guard_mask(masks[i], out_shape) for i in index]
+
+    def apply(*args):
+        return bind_eqn(eqn, list(args))[0]
+
+    def jvp(apply, primals, tans, live_masks):
+        out = apply(*primals)
+        live = live_tangent_indices(tans)
+        whole = [i for i in live if i not in live_masks]
+        t_out = None
+        if whole:
+            t_out = jvp_in(apply, primals, whole, [tans[i] for i in whole])[1]
+        for i in live:
+            if i not in live_masks:
+                continue
+            slope = jvp_in(apply, primals, [i], [lax.full_like(primals[i], 1)])[1]
+            slope = lax.select(live_masks[i], slope, lax.full_like(slope, 0))
+            term = slope * lax_broadcast(tans[i], out_shape)
+            t_out = term if t_out is None else t_out + term
+        return out, lax.full_like(out, 0) if t_out is None else t_out
+
+    return _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply)
+
+
 def _exact_jvp(prim, primals, live, live_tans, params):
-    """The op's own JVP rule at the *unbroadcast* primals, the guarded
-    tangents broadcast: the same kernels plain JAX runs (a rank-0 divisor stays
-    rank-0), so eager gradients stay bitwise equal to plain JAX's.  None if the
+    """The op's own JVP rule at ``primals``, the guarded tangents broadcast:
+    the kernels plain JAX runs, lane by lane on the same values.  None if the
     rule is unavailable or refuses the broadcast tangent."""
     found = primitive_jvp(prim)
     if found is None:

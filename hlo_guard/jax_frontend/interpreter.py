@@ -46,6 +46,7 @@ from hlo_guard.jax_frontend.compat import (
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal, is_inexact_aval
 from hlo_guard.jax_frontend.guard_ops import guarded, stopped
 from hlo_guard.jax_frontend.guarded_binding import (
+    bind_custom_call_with_broadcast_guards,
     bind_sharing,
     bind_with_broadcast_guards,
     bind_with_contraction_guards,
@@ -495,6 +496,8 @@ class Scope:
         contraction = self.contraction_masks(node, eqn)
         if contraction:
             return bind_with_contraction_guards(eqn, invals, contraction)
+        if wide and eqn.primitive.name == "custom_jvp_call":
+            return bind_custom_call_with_broadcast_guards(eqn, invals, wide)
         if wide:
             return bind_with_broadcast_guards(eqn, invals, wide)
         return self._bind(node, eqn, invals)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 
 from hlo_guard.jax_frontend.bodies import (
@@ -565,7 +566,10 @@ class CustomCall(JaxRule):
             note_dead_hazards_in_body(analysis, node, eqn, out)
         if out.is_live:
             return [LIVE] * len(eqn.invars)
-        if is_lanewise_call(eqn):
+        lanewise = is_lanewise_call(eqn)
+        if not (lanewise and eqn.primitive.name == "custom_jvp_call"):
+            _note_broadcast_inside(analysis, node, eqn, out)
+        if lanewise:
             return [out.without_partition()] * len(eqn.invars)
         if is_selection_free_call(eqn):
             lvs = self._structure.transfer(analysis, node, outs)
@@ -607,6 +611,20 @@ class CustomCall(JaxRule):
         return LazyMasks(
             lambda i: reduce_to_shape(out, shape, tuple(eqn.invars[i].aval.shape)), len(eqn.invars)
         )
+
+    def broadcast_operand_mask(self, mctx, node, eqn, index, out_masks):
+        """The output-shaped mask of an operand a lane-wise ``custom_jvp``
+        call broadcasts inside its body (a scalar parameter): guarded at the
+        output's shape in the call's derivative
+        (:func:`guarded_binding.bind_custom_call_with_broadcast_guards`).
+        Any other call: ALL (its operand is guarded as it is)."""
+        from hlo_guard.jax_frontend.mask_ops import broadcast_to
+        from passes.masks import ALL
+
+        if eqn.primitive.name != "custom_jvp_call" or not is_lanewise_call(eqn):
+            return ALL
+        shape = tuple(eqn.outvars[0].aval.shape)
+        return or_all(broadcast_to(m, shape) for m in out_masks)
 
     def forward(self, fa, node, ins):
         eqn = fa.graph.eqns[node]
@@ -666,6 +684,47 @@ class CustomCall(JaxRule):
         # lane-wise: an output lane no live input lane feeds is dead, whatever
         # the rule computes there from zeros (``xlogy``'s ``0 * log(0)``)
         return [and_(p, m, shape) for p in probe_rule_tangents(mctx, eqn, in_masks)]
+
+
+def _note_broadcast_inside(analysis, node, eqn, out) -> None:
+    """A custom call with a partly dead output and a differentiable operand
+    it broadcasts inside (a scalar parameter of a ``custom_vjp``; a row of
+    per-class parameters read by every batch row of ``xlogy``): the
+    operand's cotangent is the rule's own sum over the output lanes it
+    feeds, dead ones included, computed in a derivative no select on the
+    operand reaches.  Only a lane-wise ``custom_jvp`` call has that sum
+    written out (:func:`guarded_binding.bind_custom_call_with_broadcast_guards`);
+    every other case is reported, never silent."""
+    if not eqn.outvars:
+        return
+    shape = tuple(eqn.outvars[0].aval.shape)
+    graph = analysis.graph
+    for i, v in enumerate(eqn.invars):
+        if is_literal(v) or not is_inexact_aval(v.aval) or graph.is_constant(v):
+            continue
+        if _stretched_to(tuple(v.aval.shape), shape):
+            analysis.note_unreached(
+                node,
+                f"{eqn.primitive.name}: operand {i} is broadcast inside the call, so its "
+                "cotangent sums every output lane, dead ones included, in the rule's own "
+                "backward pass where no guard reaches (a dead lane's 0 * inf there is NaN); "
+                "broadcast it to the output's shape before the call, or write the double "
+                "where",
+                out.with_origin(graph.origin(node)),
+            )
+            return
+
+
+def _stretched_to(in_shape: tuple, out_shape: tuple) -> bool:
+    """Whether ``in_shape`` broadcasts to ``out_shape`` as numpy does
+    (aligned at the right, each axis 1 or equal) and is stretched along
+    some axis: then each of its lanes feeds several output lanes."""
+    if in_shape == out_shape or len(in_shape) > len(out_shape):
+        return False
+    tail = out_shape[len(out_shape) - len(in_shape) :]
+    if any(i not in (1, o) for i, o in zip(in_shape, tail)):
+        return False
+    return math.prod(in_shape) < math.prod(out_shape)
 
 
 #: body jaxpr -> the hazards its own selections leave dead lanes at, as

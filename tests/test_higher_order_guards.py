@@ -1,0 +1,120 @@
+"""Derivatives of derivatives through guards written as a ``custom_jvp``.
+
+A scalar ``c`` in ``where(m, c * x * x, 0)`` is broadcast by the ``mul``
+itself; its guard sits inside a ``custom_jvp`` (the forward program is the
+bare ``mul``).  Reverse over reverse -- ``jacrev(grad_x)`` in ``c``, a
+gradient penalty ``grad_c(|grad_x f|^2)``, force matching's ``d/d eps`` of
+``-grad_r E`` -- differentiates that JVP again, and two things there read
+unguarded values (found 2026-11-27 by a user-style hunt; plain ``grad``,
+``hessian`` and ``jacfwd`` were right, these were NaN with a clean report):
+
+* the JVP returned the *bare* operation as its primal, so the primal seen by
+  the next derivative had no guard at all;
+* the other operand's term ``c * dx`` read the unbroadcast ``c``: its
+  derivative in ``c`` sums every lane, and the dead lanes' second-order
+  cotangents (``inf * 0`` behind the boundary guard) were summed in.
+
+Now the JVP's primal is the guarded operation itself, and its tangent terms
+read the broadcast operand broadcast and guarded.  Oracle: the hand double
+where, eagerly and under ``jit``, also through ``guarded_jit``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hlo_guard
+
+X = jnp.asarray([0.5, jnp.inf, -2.0])
+M = jnp.isfinite(X)
+C = jnp.float32(3.0)
+
+
+def f(x, c):
+    return jnp.sum(jnp.where(M, c * x * x, 0.0))
+
+
+def double_where(x, c):
+    xs = jnp.where(M, x, 0.0)
+    return jnp.sum(jnp.where(M, c * xs * xs, 0.0))
+
+
+SECOND_ORDER = {
+    "jacrev_of_grad_x_in_c": lambda F: jax.jacrev(jax.grad(F, 0), 1)(X, C),
+    "jacrev_jacrev_cross": lambda F: jax.jacrev(jax.jacrev(F, (0, 1)), (0, 1))(X, C)[0][1],
+    "gradient_penalty": lambda F: jax.grad(lambda c: jnp.sum(jax.grad(F, 0)(X, c) ** 2))(C),
+    "hessian_cross": lambda F: jax.hessian(F, (0, 1))(X, C)[0][1],
+    "jacfwd_of_grad_x_in_c": lambda F: jax.jacfwd(jax.grad(F, 0), 1)(X, C),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECOND_ORDER))
+def test_a_scalar_broadcast_by_the_op_under_second_order(case):
+    d = SECOND_ORDER[case]
+    want = np.asarray(d(double_where))
+    assert np.isfinite(want).all()
+    for guarded in (hlo_guard.guard(f), hlo_guard.guarded_jit(f)):
+        np.testing.assert_allclose(np.asarray(d(guarded)), want, rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(lambda: d(hlo_guard.guard(f)))()), want, rtol=1e-6
+    )
+
+
+def test_the_bug_is_in_plain_jax():
+    assert np.isnan(np.asarray(SECOND_ORDER["jacrev_of_grad_x_in_c"](f))).all()
+
+
+R = jnp.asarray([1.1, 0.0, 1.5, 0.0])  # pair distances; 0 = padding
+PAIRS = R > 0
+F_REF = jnp.asarray([0.3, 0.0, -0.1, 0.0])
+
+
+def energy(r, eps):
+    return jnp.sum(jnp.where(PAIRS, eps * r**-6, 0.0))
+
+
+def energy_double_where(r, eps):
+    rs = jnp.where(PAIRS, r, 1.0)
+    return jnp.sum(jnp.where(PAIRS, eps * rs**-6, 0.0))
+
+
+def _force_matching(e):
+    return lambda eps: jnp.sum((-jax.grad(e, 0)(R, eps) - F_REF) ** 2)
+
+
+@pytest.mark.parametrize("wrap", ["guard", "guarded_jit"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_force_matching_through_a_guarded_energy(wrap, jit):
+    """``d/d eps`` of a loss on the forces ``-grad_r E``: the README says to
+    guard the function the inner ``grad`` differentiates."""
+    e = getattr(hlo_guard, wrap)(energy)
+    d = jax.grad(_force_matching(e))
+    d = jax.jit(d) if jit else d
+    want = np.asarray(jax.grad(_force_matching(energy_double_where))(jnp.float32(0.5)))
+    assert np.isfinite(want)
+    np.testing.assert_allclose(np.asarray(d(jnp.float32(0.5))), want, rtol=1e-6)
+    assert np.isnan(np.asarray(jax.grad(_force_matching(energy))(jnp.float32(0.5))))
+
+
+def test_a_numpyro_log_prob_with_scalar_parameters_under_second_order():
+    dist = pytest.importorskip("numpyro.distributions")
+    y = jnp.asarray([0.5, 0.0, 2.0, jnp.inf])
+    keep = (y > 0) & jnp.isfinite(y)
+
+    def nll(loc, scale):
+        return -jnp.sum(jnp.where(keep, dist.LogNormal(loc, scale).log_prob(y), 0.0))
+
+    def nll_double_where(loc, scale):
+        ys = jnp.where(keep, y, 1.0)
+        return -jnp.sum(jnp.where(keep, dist.LogNormal(loc, scale).log_prob(ys), 0.0))
+
+    args = (jnp.float32(0.2), jnp.float32(1.3))
+    hess = lambda F: jax.jacrev(jax.grad(F, (0, 1)), (0, 1))(*args)
+    want = jax.tree_util.tree_leaves(hess(nll_double_where))
+    got = jax.tree_util.tree_leaves(hess(hlo_guard.guard(nll)))
+    for g, w in zip(got, want):
+        assert np.isfinite(np.asarray(w)).all()
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
