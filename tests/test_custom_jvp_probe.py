@@ -189,31 +189,99 @@ def _relu_output_guards(f, *args) -> list:
     return [s for s in report.guards if s.op == "custom_jvp_call" and s.mode == "forward"]
 
 
-def test_relu_on_a_live_tangent_gets_no_output_guard():
-    """A ``relu`` whose operand's tangent is live makes its zero tangent
-    lanes itself, by selection: exact zeros, no guard of its own and no
-    probe (the ``sqrt`` after it keeps its output guard).  In a network the
-    first layer's relu is such a call; a later one, whose operand's tangent
-    is zero in the lanes where every relu before it is off, keeps its guard
-    (the rule is not known to select rather than multiply)."""
-    w = jnp.asarray([[1.0, -2.0], [0.5, 1.5], [-1.0, 0.25]], jnp.float32)
+_W = jnp.asarray([[1.0, -2.0], [0.5, 1.5], [-1.0, 0.25]], jnp.float32)
 
-    def mlp(x):
-        h = jax.nn.relu(x @ w)
-        return jnp.sum(jnp.sqrt(jax.nn.relu(h @ w.T)))
 
+def _mlp(x):
+    h = jax.nn.relu(x @ _W)
+    return jnp.sum(jnp.sqrt(jax.nn.relu(h @ _W.T)))
+
+
+def _mlp_double_where(x):
+    h = jax.nn.relu(x @ _W)
+    z = h @ _W.T
+    pos = z > 0
+    return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, z, 1.0)), 0.0))
+
+
+def test_relu_gets_no_output_guard():
+    """``relu``'s rule only selects its tangent against zero
+    (``calls.rule_preserves_zero``): a zero tangent entering it stays an
+    exact zero, so no relu gets an output guard -- neither the first layer's
+    (its operand's tangent live) nor a later one's (zero where every relu
+    before it is off).  The ``sqrt`` after it keeps its guard."""
     x = jnp.asarray([0.5, -1.0, 2.0], jnp.float32)
-    (second,) = _relu_output_guards(mlp, x)  # both relus had one
-    assert "dot_general" in second.operand_expr
+    assert _relu_output_guards(_mlp, x) == []
     assert _relu_output_guards(CASES["relu"][0], X) == []
     assert any(s.op == "sqrt" for s in hlo_guard.explain(CASES["relu"][0], X).guards)
+    for mode in ("jacfwd", "grad", "hessian", "jacfwd_jacfwd"):
+        assert_like_double_where(DERIVATIVES[mode], _mlp, _mlp_double_where, x)
 
 
-def test_relu_on_a_partly_zero_tangent_keeps_its_output_guard():
-    """Where the operand's tangent is partly structurally zero, a rule may
-    multiply those zeros by inf (``entr``): the call keeps its guard."""
+def test_a_rule_that_multiplies_keeps_its_output_guard():
+    """Where the operand's tangent is partly structurally zero, a rule that
+    multiplies it by a primal (``entr``'s ``t * (log(x) + 1)``, inf at 0)
+    keeps its guard; relu there does not need one."""
     f = lambda x: jnp.sum(jnp.sqrt(jax.nn.relu(jnp.where(x > 0.3, x, 0.0))) * x)
-    assert len(_relu_output_guards(f, X)) == 1
+    assert _relu_output_guards(f, X) == []
     g = lambda x: jnp.sum(jax.scipy.special.entr(jnp.where(x > 0, x, 0.0)) * x)
     report = hlo_guard.explain(g, X)
     assert [s for s in report.guards if s.mode == "forward"]
+
+
+def _call_eqn(fn, *args):
+    """The outermost ``custom_jvp_call`` of ``fn``'s jaxpr (through the
+    ``jit`` wrappers around it)."""
+    queue = [jax.make_jaxpr(fn)(*args).jaxpr]
+    while queue:
+        for e in queue.pop(0).eqns:
+            if e.primitive.name == "custom_jvp_call":
+                return e
+            for p in e.params.values():
+                inner = getattr(p, "jaxpr", p)
+                if hasattr(inner, "eqns"):
+                    queue.append(inner)
+    raise AssertionError("no custom_jvp_call")
+
+
+def _user_rule(tangent_of):
+    @jax.custom_jvp
+    def f(x):
+        return jnp.maximum(x, 0.0)
+
+    @f.defjvp
+    def _(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return f(x), tangent_of(x, t)
+
+    return f
+
+
+RULES = {
+    "relu": (jax.nn.relu, True),
+    "entr": (jax.scipy.special.entr, False),
+    "softplus": (jax.nn.softplus, False),
+    "scaled_by_a_literal": (_user_rule(lambda x, t: jnp.where(x > 0, 2.0 * t, 0.0)), True),
+    "summed_and_moved": (_user_rule(lambda x, t: -(t + jnp.where(x > 0, t, 0.0))), True),
+    "multiplied_by_the_primal": (_user_rule(lambda x, t: t * x), False),
+    "a_primal_in_a_case": (_user_rule(lambda x, t: jnp.where(x > 0, t, x)), False),
+    "divided_by_zero": (_user_rule(lambda x, t: t / 0.0), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RULES))
+def test_which_rules_preserve_zero(case):
+    fn, expected = RULES[case]
+    assert calls.rule_preserves_zero(_call_eqn(fn, X)) is expected
+
+
+def test_relu_after_a_where_needs_no_reverse_guard():
+    """``where(keep, relu(x), 0)`` (Dropout before a residual, Flax's way):
+    relu's transpose selects the zero cotangent, so nothing is guarded and
+    the gradient is plain JAX's, bitwise."""
+    keep = X > 0.3
+    f = lambda x: jnp.sum(jnp.where(keep, jax.nn.relu(x), 0.0) * x)
+    assert hlo_guard.explain(f, X).guards == []
+    np.testing.assert_array_equal(
+        np.asarray(jax.grad(hlo_guard.guard(f))(X)), np.asarray(jax.grad(f)(X))
+    )

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 import weakref
 
+import numpy as np
+
 from hlo_guard.jax_frontend.bodies import (
     CALL_BODY_PARAM,
     REWRITTEN_CALLS,
@@ -557,6 +559,19 @@ class CustomCall(JaxRule):
 
     _structure = Call(guards=True)
 
+    def guards_input(self, analysis, node, index):
+        """A hazard unless the call is a lane-wise ``custom_jvp`` whose rule
+        passes tangents on only by selecting, adding and moving them
+        (:func:`rule_preserves_zero`: ``relu``'s ``select(x > 0, t, 0)``).
+        Its transpose then maps an exact zero cotangent to an exact zero,
+        whatever the primals hold, and there is nothing for a guard on its
+        operand to select: relu after a Dropout select was guarded (a cost
+        survey of Flax/Equinox networks, 2026-11-27)."""
+        if not super().guards_input(analysis, node, index):
+            return False
+        eqn = analysis.graph.eqns[node]
+        return not (is_lanewise_call(eqn) and rule_preserves_zero(eqn))
+
     def transfer(self, analysis, node, outs):
         eqn = analysis.graph.eqns[node]
         out = joined(outs)
@@ -667,7 +682,9 @@ class CustomCall(JaxRule):
         eqn = backward.graph.eqns[node]
         if eqn.primitive.name != "custom_jvp_call" or not is_lanewise_call(eqn):
             return False
-        return operand_tangents_live(forward, eqn)
+        # a rule that only selects, adds and moves tangents keeps a zero
+        # entering tangent an exact zero too (relu after a where)
+        return operand_tangents_live(forward, eqn) or rule_preserves_zero(eqn)
 
     def forward_masks(self, mctx, node, eqn, in_masks):
         from hlo_guard.jax_frontend.mask_ops import broadcast_to
@@ -945,6 +962,118 @@ def _rule_tangents(eqn, vals, k, tangent):
     outs = [v.val if is_literal(v) else env[v] for v in jaxpr.outvars]
     nonzero = iter(outs[len(out_zeros) :])
     return [None if zero else next(nonzero) for zero in out_zeros]
+
+
+#: call body jaxpr -> whether the rule of the calls with that body preserves
+#: zero tangents (:func:`rule_preserves_zero`); weakly keyed
+_ZERO_PRESERVING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: tangent ops that map exact zeros to exact zeros, their transposes too
+_MOVES_TANGENTS = frozenset(
+    {
+        "neg",
+        "convert_element_type",
+        "reshape",
+        "broadcast_in_dim",
+        "transpose",
+        "squeeze",
+        "expand_dims",
+        "reduce_sum",
+        "copy",
+        "copy_p",
+    }
+)
+_SUMS_TANGENTS = frozenset({"add", "sub", "add_any"})
+
+
+def rule_preserves_zero(eqn) -> bool:
+    """Whether a ``custom_jvp_call``'s rule computes its output tangents
+    from the input tangents only by selecting them against zeros with
+    primal predicates, adding them, moving them and scaling them by finite
+    literals: then zero tangents in give exact zeros out, and the transpose
+    maps zero cotangents to exact zeros, whatever the primals hold (inf,
+    NaN).  Read off the rule's own jaxpr (:func:`compat.custom_jvp_rule_jaxpr`,
+    every tangent instantiated); False wherever that is not available."""
+    if eqn.primitive.name != "custom_jvp_call":
+        return False
+    body = body_of(eqn)[0]
+    found = _ZERO_PRESERVING.get(body)
+    if found is None:
+        found = _ZERO_PRESERVING[body] = _read_rule(eqn)
+    return found
+
+
+def _read_rule(eqn) -> bool:
+    from hlo_guard.jax_frontend.compat import custom_jvp_rule_jaxpr
+
+    n = eqn.params.get("num_consts", 0)
+    operands = eqn.invars[n:]
+    if not all(is_inexact_aval(v.aval) for v in operands):
+        return False  # an integer operand's tangent is float0
+    try:
+        found = custom_jvp_rule_jaxpr(eqn, [False] * len(operands))
+    except Exception:  # noqa: BLE001 - not readable: keep the hazard
+        return False
+    if found is None or found[0].effects:
+        return False
+    jaxpr, _, _ = found
+    n_primals = len(jaxpr.invars) - len(operands)
+    return _tangents_flow_exactly(jaxpr, set(jaxpr.invars[n_primals:]), set()) is not None
+
+
+def _tangents_flow_exactly(jaxpr, tangent: set, zero: set):
+    """``(tangent outputs, zero outputs)`` of ``jaxpr`` given which inputs
+    carry tangents and which are zero, when every operation reading a
+    tangent keeps an exact zero exact (see :func:`rule_preserves_zero`);
+    None as soon as one may not.  Follows plain calls (``jnp.where``'s
+    wrapper) into their bodies."""
+    tangent, zero = set(tangent), set(zero)
+
+    def is_zero(v):
+        if is_literal(v):
+            return not np.any(np.asarray(v.val) != 0)
+        return v in zero
+
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        reads = [v for v in e.invars if not is_literal(v) and v in tangent]
+        if name in CALL_BODY_PARAM:
+            body, _ = body_of(e)
+            inner_t = {
+                b for b, v in zip(body.invars, e.invars) if not is_literal(v) and v in tangent
+            }
+            inner_z = {b for b, v in zip(body.invars, e.invars) if is_zero(v)}
+            found = _tangents_flow_exactly(body, inner_t, inner_z)
+            if found is None:
+                return None
+            outs_t, outs_z = found
+            tangent.update(o for o, b in zip(e.outvars, body.outvars) if b in outs_t)
+            zero.update(o for o, b in zip(e.outvars, body.outvars) if b in outs_z)
+            continue
+        if not reads:
+            if name in ("broadcast_in_dim", "convert_element_type") and is_zero(e.invars[0]):
+                zero.update(e.outvars)
+            continue
+        if name == "select_n" and not (not is_literal(e.invars[0]) and e.invars[0] in tangent):
+            ok = all(is_zero(v) or v in tangent for v in e.invars[1:])
+        elif name in _SUMS_TANGENTS:
+            ok = all(is_zero(v) or v in tangent for v in e.invars)
+        elif name in _MOVES_TANGENTS:
+            ok = True
+        elif name in ("mul", "div") and len(reads) == 1 and len(e.invars) == 2:
+            other = e.invars[1] if e.invars[0] in reads else e.invars[0]
+            value = np.asarray(other.val) if is_literal(other) else None
+            ok = value is not None and bool(np.all(np.isfinite(value)))
+            if name == "div":  # only the numerator may be the tangent
+                ok = ok and e.invars[0] in reads and bool(np.all(value != 0))
+        else:
+            ok = False
+        if not ok:
+            return None
+        tangent.update(e.outvars)
+    return (
+        {v for v in jaxpr.outvars if not is_literal(v) and v in tangent},
+        {v for v in jaxpr.outvars if is_zero(v)},
+    )
 
 
 _STRUCTURE_KINDS = ("elementwise", "zero-derivative", "structural", "pass-through", "linear")
