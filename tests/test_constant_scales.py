@@ -107,3 +107,29 @@ def test_every_mode_matches_the_double_where(case, mode):
         dw = lambda x: jnp.sum(jnp.where(C, _safe(x) / scale, 0.0) * _safe(x))
     x = jnp.where(C, X, 0.5)  # finite: hessian's second factor reads x itself
     assert_like_double_where(modes(mode)[mode], f, dw, x)
+
+
+@pytest.mark.parametrize(
+    "make, folded",
+    [
+        (lambda: jnp.sqrt(8).astype(jnp.float32), True),
+        (lambda: (jnp.float32(3.0) - 1.0) / 7.0, True),
+        (lambda: jnp.maximum(jnp.sqrt(2.0), 1.5) * -2.0, True),
+        (lambda: jnp.exp(jnp.float32(1.0)), False),  # not correctly rounded: left alone
+    ],
+)
+def test_known_constant_folds_exactly_rounded_arithmetic(make, folded):
+    """The value ``known_constant`` computes is JAX's own, bit for bit (numpy's
+    correctly rounded operations in the output's dtype); operations whose
+    rounding may differ are not folded."""
+    from hlo_guard.jax_frontend.graph import JaxprGraph
+
+    closed = jax.make_jaxpr(lambda: make())()
+    graph = JaxprGraph(closed.jaxpr)
+    got = graph.known_constant(closed.jaxpr.outvars[0])
+    if not folded:
+        assert got is None
+        return
+    want = np.asarray(jax.jit(make)())
+    assert got is not None and np.asarray(got).dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), want)

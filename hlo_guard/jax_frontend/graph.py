@@ -23,11 +23,20 @@ Var = jex_core.Var
 
 
 #: lane-wise primitives :meth:`JaxprGraph.known_constant` evaluates on known
-#: constants (the arithmetic a scale is computed with), up to this many lanes
-_FOLDED = frozenset(
-    {"sqrt", "rsqrt", "neg", "add", "sub", "mul", "div", "integer_pow", "square", "exp", "log"}
-    | {"max", "min", "pow", "broadcast_in_dim", "reshape"}
-)
+#: floating constants (the arithmetic a scale is computed with), with numpy's
+#: correctly rounded operations that give XLA's result bit for bit; up to
+#: this many lanes
+_FOLDED = {
+    "neg": np.negative,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "sqrt": np.sqrt,
+    "max": np.maximum,
+    "min": np.minimum,
+    "square": np.square,
+}
 _FOLDED_MAX_SIZE = 64
 
 
@@ -195,7 +204,7 @@ class JaxprGraph:
                     return np.asarray(val).astype(eqn.params["new_dtype"])
             except (TypeError, ValueError):  # a dtype numpy cannot convert to
                 return None
-        if eqn.primitive.name in _FOLDED and len(eqn.outvars) == 1:
+        if eqn.primitive.name in _FOLDED and eqn.params.get("accuracy") is None:
             return self._folded(atom, eqn)
         if eqn.primitive.name in REWRITTEN_CALLS:  # jnp.sqrt(8): a wrapper call
             body = self.call_body_graph(where[0])
@@ -204,22 +213,25 @@ class JaxprGraph:
         return None
 
     def _folded(self, atom, eqn):
-        """A small lane-wise op of known constants, evaluated while tracing:
-        ``jnp.sqrt(depth)``, the scale Flax's attention divides queries by.
-        Evaluated by binding the primitive itself on the concrete operands,
-        so the value is JAX's own; remembered per value."""
+        """A small lane-wise op of known floating constants, evaluated while
+        tracing: ``jnp.sqrt(depth)``, the scale Flax's attention divides
+        queries by.  Evaluated in the output's dtype with numpy (no device
+        computation, no compilation); remembered per value."""
         if atom in self._folded_values:
             return self._folded_values[atom]
         self._folded_values[atom] = None  # no re-entry while evaluating
-        if math.prod(eqn.outvars[0].aval.shape) > _FOLDED_MAX_SIZE:
+        out = eqn.outvars[0].aval
+        dtype = np.dtype(out.dtype)
+        if not np.issubdtype(dtype, np.floating) or math.prod(out.shape) > _FOLDED_MAX_SIZE:
             return None
         vals = [self.known_constant(v) for v in eqn.invars]
         if any(v is None for v in vals):
             return None
         try:
-            with jax.ensure_compile_time_eval(), np.errstate(all="ignore"):
-                found = np.asarray(eqn.primitive.bind(*vals, **eqn.params))
-        except Exception:  # noqa: BLE001 -- a value we cannot fold is just not known
+            with np.errstate(all="ignore"):
+                args = [np.asarray(v).astype(dtype) for v in vals]
+                found = np.broadcast_to(_FOLDED[eqn.primitive.name](*args), out.shape)
+        except (TypeError, ValueError):
             return None
         self._folded_values[atom] = found
         return found
