@@ -15,8 +15,12 @@ unguarded values (found 2026-11-27 by a user-style hunt; plain ``grad``,
   cotangents (``inf * 0`` behind the boundary guard) were summed in.
 
 Now the JVP's primal is the guarded operation itself, and its tangent terms
-read the broadcast operand broadcast and guarded.  Oracle: the hand double
-where, eagerly and under ``jit``, also through ``guarded_jit``.
+read the broadcast operand broadcast and guarded (for ``mul``-like ops, where
+that gives the same bits; a division keeps its rank-0 divisor, as XLA divides
+by a scalar through its reciprocal, and a second derivative in a scalar
+divisor can still meet a dead lane's inf: the xfail below, which value mode
+passes).  Oracle: the hand double where, eagerly and under ``jit``, also
+through ``guarded_jit``.
 """
 
 from __future__ import annotations
@@ -99,7 +103,22 @@ def test_force_matching_through_a_guarded_energy(wrap, jit):
     assert np.isnan(np.asarray(jax.grad(_force_matching(energy))(jnp.float32(0.5))))
 
 
-def test_a_numpyro_log_prob_with_scalar_parameters_under_second_order():
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(
+            "gradient",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known limit: a scalar *divisor*'s second derivative reads the dead "
+                "lanes' non-finite values in the other operand's term ((x - loc) / scale "
+                "at log(0)); gradient guards change no value, value mode does",
+            ),
+        ),
+        "value",
+    ],
+)
+def test_a_numpyro_log_prob_with_scalar_parameters_under_second_order(mode):
     dist = pytest.importorskip("numpyro.distributions")
     y = jnp.asarray([0.5, 0.0, 2.0, jnp.inf])
     keep = (y > 0) & jnp.isfinite(y)
@@ -114,7 +133,7 @@ def test_a_numpyro_log_prob_with_scalar_parameters_under_second_order():
     args = (jnp.float32(0.2), jnp.float32(1.3))
     hess = lambda F: jax.jacrev(jax.grad(F, (0, 1)), (0, 1))(*args)
     want = jax.tree_util.tree_leaves(hess(nll_double_where))
-    got = jax.tree_util.tree_leaves(hess(hlo_guard.guard(nll)))
+    got = jax.tree_util.tree_leaves(hess(hlo_guard.guard(nll, mode=mode)))
     for g, w in zip(got, want):
         assert np.isfinite(np.asarray(w)).all()
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)

@@ -120,6 +120,13 @@ def _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply=None):
     return [op(*invals, *mask_args)]
 
 
+#: primitives whose JVP gives the same bits with a rank-0 operand broadcast
+#: explicitly (lane by lane the same IEEE operation)
+_SAME_BITS_BROADCAST = frozenset(
+    {"mul", "add", "sub", "max", "min", "select_n", "neg", "add_any", "nextafter"}
+)
+
+
 def bind_with_broadcast_guards(eqn, invals, masks):
     """Bind ``eqn`` so that its *derivative* sees the implicitly broadcast
     operands in ``masks`` explicitly broadcast and guarded at the output's
@@ -141,11 +148,14 @@ def bind_with_broadcast_guards(eqn, invals, masks):
         # the broadcast operand as the tangent terms read it: broadcast and
         # guarded, so that a derivative of this derivative in that operand
         # (reverse over reverse: the other operand's term ``w * dx``,
-        # differentiated in ``w``) sums live lanes only
+        # differentiated in ``w``) sums live lanes only -- where that gives
+        # the same bits (XLA divides by a rank-0 divisor through its
+        # reciprocal, by a broadcast one exactly: a division keeps it rank-0)
         vals = list(primals)
         for i in index:
             wide_val = lax_broadcast(vals[i], out_shape)
             vals[i] = lax.select(masks[i], wide_val, lax.stop_gradient(wide_val))
+        term_vals = vals if prim.name in _SAME_BITS_BROADCAST else list(primals)
         live = live_tangent_indices(tans)
         if not live:
             out = apply(*vals)
@@ -158,7 +168,7 @@ def bind_with_broadcast_guards(eqn, invals, masks):
                 t = lax.select(masks[i], t, lax.full_like(t, 0))
             live_tans.append(t)
 
-        exact = _exact_jvp(prim, vals, live, live_tans, params)
+        exact = _exact_jvp(prim, term_vals, live, live_tans, params)
         if exact is not None:
             return exact
         return jvp_in(apply, vals, live, live_tans)
