@@ -1,17 +1,19 @@
-"""A use scaled by a finite constant known while tracing is no hazard.
+"""A use scaled by a finite constant known while tracing.
 
-``where(c, x / 2.0, 0)``: the cotangent reaching ``x`` in a dead lane is
-``0 / 2.0``, an exact zero whatever ``x`` holds -- so there is nothing for a
-guard to select.  Dropout (``where(keep, x / keep_prob, 0)``), ``jnp.mean``'s
-division by the count and the attention query scale ``x /
-jnp.sqrt(depth)`` were each guarded before (found 2026-11-27 by a cost survey
-of Flax and Equinox networks).  The constant may reach the operation through
-``jnp``'s wrapper calls, as an argument or as a call's result
-(``jnp.sqrt(8)`` is one), and a small computation of constants is evaluated.
+``where(c, 2.0 * x, 0)``: the cotangent reaching ``x`` in a dead lane is
+``0 * 2.0``, an exact zero whatever ``x`` holds -- so there is nothing for a
+guard to select, and the product is no hazard.  The constant may reach the
+operation through ``jnp``'s wrapper calls, as an argument or as a call's
+result (``jnp.sqrt(8)`` is one), and a small computation of constants is
+evaluated.  A *division* by a known constant (Dropout's ``x / keep_prob``,
+``jnp.mean``'s count) is the same in principle but still guarded: dropping
+``jnp.mean``'s guard in a layer norm made the 2-layer transformer's other
+guards take their masks from side computations (+28% gradient HLO in
+``make bench``), not yet understood.  Its gradient is exact either way.
 
-Kept: a scale that is not known (``x * y``), a known divisor of zero, an
-infinite known factor, and a divisor only bounded below (``x / maximum(n,
-1)``: a NaN ``n`` in a dead lane would make ``0 / NaN``).  Each is compared
+Guarded as before: a scale that is not known (``x * y``), a known divisor of
+zero, an infinite known factor, and a divisor only bounded below (``x /
+maximum(n, 1)``: a NaN ``n`` in a dead lane would make ``0 / NaN``).  Each is compared
 with the hand-written double where in the lanes where plain JAX is NaN.
 
 Oracles: plain JAX where it is already clean (bitwise), the double where
@@ -32,8 +34,17 @@ C = jnp.asarray([True, False, True, False])
 #: dead lanes hold an inf and a NaN
 X = jnp.asarray([1.5, jnp.inf, -2.0, jnp.nan])
 
+#: products by a finite known constant: no reverse guard
 SCALED = {
     "times_a_literal": lambda x: jnp.sum(jnp.where(C, 2.0 * x, 0.0) * x),
+    "times_a_folded_constant": lambda x: jnp.sum(
+        jnp.where(C, x * (1.0 / jnp.sqrt(8).astype(jnp.float32)), 0.0) * x
+    ),
+    "dropout_by_product": lambda x: jnp.sum(jnp.tanh(jnp.where(C, x * (1 / 0.9), 0.0)) * 3.0),
+}
+#: divisions by one: still guarded (see ``Elementwise.guards_input``), and
+#: exact -- the guard selects nothing plain JAX does not already zero
+DIVIDED = {
     "divided_by_a_literal": lambda x: jnp.sum(jnp.where(C, x / 2.0, 0.0) * x),
     "dropout": lambda x: jnp.sum(jnp.tanh(jnp.where(C, x / 0.9, 0.0)) * 3.0),
     "mean": lambda x: jnp.sum(jnp.where(C[:2], jnp.mean(x.reshape(2, 2), axis=1), 0.0)),
@@ -43,11 +54,12 @@ SCALED = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(SCALED))
-def test_a_constant_scale_needs_no_guard(case):
-    f = SCALED[case]
+@pytest.mark.parametrize("case", sorted(SCALED) + sorted(DIVIDED))
+def test_a_constant_scale_gives_plain_jax_gradient(case):
+    f = {**SCALED, **DIVIDED}[case]
     report = hlo_guard.explain(f, X)
-    assert not [g for g in report.guards if g.output is None], report  # no operand guard
+    operand_guards = [g for g in report.guards if g.output is None]
+    assert (operand_guards == []) == (case in SCALED), report
     plain = np.asarray(jax.grad(f)(X))
     assert np.isfinite(plain).all()  # the scale kept the dead lanes clean
     np.testing.assert_array_equal(np.asarray(jax.grad(hlo_guard.guard(f))(X)), plain)
@@ -99,7 +111,7 @@ def test_anything_else_keeps_its_guard(case, mode):
 @pytest.mark.parametrize("mode", ["grad", "jacfwd", "hessian", "jacfwd_grad"])
 @pytest.mark.parametrize("case", ["divided_by_a_literal", "divided_by_a_folded_constant"])
 def test_every_mode_matches_the_double_where(case, mode):
-    f = SCALED[case]
+    f = DIVIDED[case]
     if case == "divided_by_a_literal":
         dw = lambda x: jnp.sum(jnp.where(C, _safe(x) / 2.0, 0.0) * _safe(x))
     else:
