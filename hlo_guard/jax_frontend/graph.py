@@ -38,6 +38,8 @@ _FOLDED = {
     "square": np.square,
 }
 _FOLDED_MAX_SIZE = 64
+#: how many call boundaries :meth:`JaxprGraph.value_source` crosses
+_MAX_SOURCE_STEPS = 48
 
 
 def is_literal(atom) -> bool:
@@ -182,15 +184,15 @@ class JaxprGraph:
 
     def known_constant(self, atom):
         """The value of ``atom`` known while tracing -- a literal, an input the
-        caller binds to one, or a dtype conversion of those (what ``jnp``'s
-        wrappers do to a Python scalar) -- else None.  Rules read it to tell a
+        caller binds to one, a call's result that is one (:meth:`value_source`),
+        a dtype conversion of those (what ``jnp``'s wrappers do to a Python
+        scalar) or small arithmetic on them (:meth:`_folded`) -- else None.  Rules read it to tell a
         finite scale (``8.0 * s``) from an unknown one."""
+        graph, atom = self.value_source(atom)
         if isinstance(atom, Literal):
             return atom.val
-        caller = self.caller_argument(atom)
-        if caller is not None:
-            graph, arg = caller
-            return graph.known_constant(arg)
+        if graph is not self:
+            return graph.known_constant(atom)
         where = self.producer(atom)
         if where is None:
             return None
@@ -206,11 +208,27 @@ class JaxprGraph:
                 return None
         if eqn.primitive.name in _FOLDED and eqn.params.get("accuracy") is None:
             return self._folded(atom, eqn)
-        if eqn.primitive.name in REWRITTEN_CALLS:  # jnp.sqrt(8): a wrapper call
-            body = self.call_body_graph(where[0])
-            out = body.jaxpr.outvars[where[1]]
-            return out.val if isinstance(out, Literal) else body.known_constant(out)
         return None
+
+    def value_source(self, atom):
+        """``(graph, atom)`` where ``atom``'s value is computed: out of a call
+        body to the caller's argument, into a call (``jnp``'s wrappers stay
+        calls in a staged trace: ``jnp.sqrt(8)``) to the body's result.  Two
+        atoms with the same source are the same value."""
+        graph = self
+        for _ in range(_MAX_SOURCE_STEPS):
+            if isinstance(atom, Literal):
+                return graph, atom
+            caller = graph.caller_argument(atom)
+            if caller is not None:
+                graph, atom = caller
+                continue
+            where = graph.producer(atom)
+            if where is None or graph.eqns[where[0]].primitive.name not in REWRITTEN_CALLS:
+                return graph, atom
+            body = graph.call_body_graph(where[0])
+            graph, atom = body, body.jaxpr.outvars[where[1]]
+        return graph, atom
 
     def _folded(self, atom, eqn):
         """A small lane-wise op of known floating constants, evaluated while

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
 from hlo_guard.jax_frontend.graph import Literal
 
 #: how deep a chain of index steps is followed; jnp's indexing adds about five
@@ -34,7 +33,7 @@ def iota_axis(graph, atom, steps: int = _MAX_STEPS) -> int | None:
         return None
     if not np.issubdtype(atom.aval.dtype, np.integer):
         return None
-    graph, atom = source_of(graph, atom)
+    graph, atom = graph.value_source(atom)
     where = None if isinstance(atom, Literal) else graph.producer(atom)
     if where is None:
         return None
@@ -43,41 +42,21 @@ def iota_axis(graph, atom, steps: int = _MAX_STEPS) -> int | None:
     return None if step is None else step(graph, eqn, steps - 1)
 
 
-def source_of(graph, atom):
-    """``(graph, atom)`` where ``atom``'s value is computed: out of a call
-    body to the caller's argument, into a call (``jnp``'s wrappers stay
-    calls in a staged trace) to the body's result.  Two atoms with the same
-    source are the same value."""
-    for _ in range(4 * _MAX_STEPS):
-        if isinstance(atom, Literal):
-            return graph, atom
-        caller = graph.caller_argument(atom)
-        if caller is not None:
-            graph, atom = caller
-            continue
-        where = graph.producer(atom)
-        if where is None or graph.eqns[where[0]].primitive.name not in REWRITTEN_CALLS:
-            return graph, atom
-        body = graph.call_body_graph(where[0])
-        graph, atom = body, body.jaxpr.outvars[where[1]]
-    return graph, atom
-
-
 def _producing_eqn(graph, atom):
     """``(graph, equation)`` computing ``atom``'s value, or None."""
-    graph, atom = source_of(graph, atom)
+    graph, atom = graph.value_source(atom)
     where = None if isinstance(atom, Literal) else graph.producer(atom)
     return None if where is None else (graph, graph.eqns[where[0]])
 
 
 def _same_value(graph_a, a, graph_b, b) -> bool:
-    ga, a = source_of(graph_a, a)
-    gb, b = source_of(graph_b, b)
+    ga, a = graph_a.value_source(a)
+    gb, b = graph_b.value_source(b)
     return ga is gb and not isinstance(a, Literal) and a is b
 
 
 def _is_zero(graph, atom) -> bool:
-    graph, atom = source_of(graph, atom)
+    graph, atom = graph.value_source(atom)
     value = atom.val if isinstance(atom, Literal) else graph.known_constant(atom)
     return value is not None and np.size(value) >= 1 and not np.any(np.asarray(value) != 0)
 

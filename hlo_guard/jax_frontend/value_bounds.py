@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
 from hlo_guard.jax_frontend.graph import Literal
 
 #: operations whose output elements are copies of input elements (so every
@@ -53,13 +52,13 @@ def _lower_bound(graph, atom) -> float | None:
     value = graph.known_constant(atom)
     if value is not None:
         return _min_of(value)
-    caller = graph.caller_argument(atom)
-    if caller is not None:
-        return lower_bound(*caller)
+    source_graph, source = graph.value_source(atom)  # out of and into calls
+    if source_graph is not graph or source is not atom:
+        return lower_bound(source_graph, source)
     where = graph.producer(atom)
     if where is None:
         return None
-    node, index = where
+    node, _ = where
     eqn = graph.eqns[node]
     name = eqn.primitive.name
     if name in _COPIES:
@@ -80,9 +79,6 @@ def _lower_bound(graph, atom) -> float | None:
     if name == "min":
         bounds = [lower_bound(graph, v) for v in eqn.invars]
         return None if any(b is None for b in bounds) else min(bounds)  # type: ignore[type-var]
-    if name in REWRITTEN_CALLS:
-        body = graph.call_body_graph(node)
-        return lower_bound(body, body.jaxpr.outvars[index])
     return None
 
 

@@ -979,7 +979,6 @@ _MOVES_TANGENTS = frozenset(
         "expand_dims",
         "reduce_sum",
         "copy",
-        "copy_p",
     }
 )
 _SUMS_TANGENTS = frozenset({"add", "sub", "add_any"})
