@@ -59,7 +59,9 @@ def _equinox_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return loss, (params, *_data())
 
 
-def _take_along_axis_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def _relu_mlp(pick) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """A two-layer relu MLP whose cross-entropy reads the label's
+    log-probability with ``pick(logp, labels)``."""
     k = jax.random.split(jax.random.PRNGKey(0), 3)
     params = [
         jax.random.normal(k[0], (FEATURES, HIDDEN)) * 0.1,
@@ -72,22 +74,17 @@ def _take_along_axis_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
     def loss(p, x, y):
         h = jax.nn.relu(x @ p[0] + p[1])
         h = jax.nn.relu(h @ p[2] + p[3])
-        logp = jax.nn.log_softmax(h @ p[4])
-        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+        return -jnp.mean(pick(jax.nn.log_softmax(h @ p[4]), y))
 
     return loss, (params, *_data())
 
 
+def _take_along_axis_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return _relu_mlp(lambda logp, y: jnp.take_along_axis(logp, y[:, None], axis=1))
+
+
 def _arange_index_mlp() -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    _, args = _take_along_axis_mlp()
-
-    def loss(p, x, y):
-        h = jax.nn.relu(x @ p[0] + p[1])
-        h = jax.nn.relu(h @ p[2] + p[3])
-        logp = jax.nn.log_softmax(h @ p[4])
-        return -jnp.mean(logp[jnp.arange(x.shape[0]), y])
-
-    return loss, args
+    return _relu_mlp(lambda logp, y: logp[jnp.arange(logp.shape[0]), y])
 
 
 def _flax_cnn() -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -72,9 +72,8 @@ def _grad(f):
     return jax.jit(jax.grad(f, argnums=(0, 1)))
 
 
-@pytest.mark.parametrize("case", sorted(DENSE))
-def test_a_cross_entropy_by_label_needs_no_guard(case):
-    f = DENSE[case]
+def _assert_no_guard_and_plain_jax(f):
+    """No guard listed; gradients and values bitwise plain JAX's."""
     assert hlo_guard.explain(f, LOGITS, W).guards == []
     got = _grad(hlo_guard.guard(f))(LOGITS, W)
     for g, p in zip(got, _grad(f)(LOGITS, W)):
@@ -82,6 +81,18 @@ def test_a_cross_entropy_by_label_needs_no_guard(case):
     np.testing.assert_array_equal(
         np.asarray(hlo_guard.guard(f)(LOGITS, W)), np.asarray(f(LOGITS, W))
     )
+
+
+def _gradient_instructions(fn) -> int:
+    """Optimized HLO instructions of ``fn``'s gradient, labels an argument."""
+    grad = jax.jit(jax.grad(fn, argnums=(0, 1)))
+    text = grad.lower(LOGITS, W, LABELS).compile().as_text()
+    return sum(1 for line in text.splitlines() if " = " in line)
+
+
+@pytest.mark.parametrize("case", sorted(DENSE))
+def test_a_cross_entropy_by_label_needs_no_guard(case):
+    _assert_no_guard_and_plain_jax(DENSE[case])
 
 
 def test_the_guarded_gradient_program_is_the_unguarded_one():
@@ -93,12 +104,7 @@ def test_the_guarded_gradient_program_is_the_unguarded_one():
     def f(x, w, labels):
         return -jnp.sum(_picked(jax.nn.log_softmax(jax.nn.relu(x) @ w), labels))
 
-    def count(fn):
-        grad = jax.jit(jax.grad(fn, argnums=(0, 1)))
-        text = grad.lower(LOGITS, W, LABELS).compile().as_text()
-        return sum(1 for line in text.splitlines() if " = " in line)
-
-    assert count(hlo_guard.guard(f)) == count(f)
+    assert _gradient_instructions(hlo_guard.guard(f)) == _gradient_instructions(f)
 
 
 def _poisoned():
@@ -180,26 +186,14 @@ ARANGE = {
 def test_an_arange_row_index_covers_every_row(case):
     """Before, an arange was a value, not a promise: six guards here, each
     selecting nothing.  Its ``iota`` is read while tracing now."""
-    f = ARANGE[case]
-    assert hlo_guard.explain(f, LOGITS, W).guards == []
-    got = _grad(hlo_guard.guard(f))(LOGITS, W)
-    for g, p in zip(got, _grad(f)(LOGITS, W)):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(p))
-    np.testing.assert_array_equal(
-        np.asarray(hlo_guard.guard(f)(LOGITS, W)), np.asarray(f(LOGITS, W))
-    )
+    _assert_no_guard_and_plain_jax(ARANGE[case])
 
 
 def test_the_arange_loss_compiles_to_the_unguarded_program():
     def f(x, w, labels):
         return -jnp.mean(jax.nn.log_softmax(jax.nn.relu(x) @ w)[jnp.arange(B), labels])
 
-    def count(fn):
-        grad = jax.jit(jax.grad(fn, argnums=(0, 1)))
-        text = grad.lower(LOGITS, W, LABELS).compile().as_text()
-        return sum(1 for line in text.splitlines() if " = " in line)
-
-    assert count(hlo_guard.guard(f)) == count(f)
+    assert _gradient_instructions(hlo_guard.guard(f)) == _gradient_instructions(f)
 
 
 #: row indices that skip a row (row 3, or rows 2 and 3): those rows have no
