@@ -145,3 +145,15 @@ def test_known_constant_folds_exactly_rounded_arithmetic(make, folded):
     want = np.asarray(jax.jit(make)())
     assert got is not None and np.asarray(got).dtype == want.dtype
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_a_genuine_singularity_behind_a_constant_product_stays():
+    """A taken lane at ``x = 0``: ``sqrt'(0)`` scaled by 2 is still infinite.
+    The product is no hazard, so nothing is guarded, and nothing hides it."""
+    x = jnp.asarray([0.0, 1.0, 4.0, -1.0])
+    keep = x >= 0
+    f = lambda x: jnp.sum(jnp.where(keep, 2.0 * jnp.sqrt(jnp.where(keep, x, 1.0)), 0.0))
+    plain = np.asarray(jax.grad(f)(x))
+    assert np.isposinf(plain[0])
+    for g in (jax.grad(hlo_guard.guard(f)), jax.jit(jax.grad(hlo_guard.guard(f)))):
+        np.testing.assert_array_equal(np.asarray(g(x)), plain)
