@@ -76,6 +76,7 @@ def bind_with_contraction_guards(eqn, invals, masks):
     mask_args = [to_guard_mask(masks[i], tuple(eqn.invars[i].aval.shape)) for i in index]
 
     def jvp(apply, vals, tans, live_masks):
+        out = apply(*vals)
         masked = list(vals)
         for i, m in live_masks.items():
             masked[i] = lax.select(m, vals[i], lax.full_like(vals[i], 0))
@@ -85,13 +86,13 @@ def bind_with_contraction_guards(eqn, invals, masks):
             args[i] = tans[i]  # bilinear: the tangent term of operand i
             term = apply(*args)
             t_out = term if t_out is None else t_out + term
-        return _zero_tangent(eqn) if t_out is None else t_out
+        return out, lax.full_like(out, 0) if t_out is None else t_out
 
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp)
 
 
 def _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply=None):
-    """``eqn``'s bare primitive as a ``custom_jvp`` whose output tangent is
+    """``eqn``'s bare primitive as a ``custom_jvp`` whose JVP is
     ``jvp(apply, values, tangents, {operand index: mask})``.  The masks travel
     as arguments, never through a closure: under ``jax.jit`` the JVP runs
     when the jit is differentiated, after the tracers of this trace are gone."""
@@ -108,11 +109,11 @@ def _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply=None):
         return apply(*args[:n])
 
     def op_jvp(primals, tangents):
-        t_out = jvp(apply, list(primals[:n]), list(tangents[:n]), dict(zip(index, primals[n:])))
-        # the primal through ``op`` itself, not the bare operation: a
-        # derivative of this derivative (reverse over reverse, ``jacrev(grad)``,
-        # a gradient penalty) differentiates the primal again and must meet
-        # the guard again
+        _, t_out = jvp(apply, list(primals[:n]), list(tangents[:n]), dict(zip(index, primals[n:])))
+        # the primal through ``op`` itself, not the bare operation the JVP
+        # evaluated: a derivative of this derivative (reverse over reverse,
+        # ``jacrev(grad)``, a gradient penalty) differentiates the primal
+        # again and must meet the guard again
         return op(*primals), t_out
 
     op.defjvp(op_jvp, symbolic_zeros=True)
@@ -157,7 +158,8 @@ def bind_with_broadcast_guards(eqn, invals, masks):
         term_vals = vals if prim.name in _SAME_BITS_BROADCAST else list(primals)
         live = live_tangent_indices(tans)
         if not live:
-            return _zero_tangent(eqn)
+            out = apply(*vals)
+            return out, lax.full_like(out, 0)
         live_tans = []
         for i in live:
             t = tans[i]
@@ -168,8 +170,8 @@ def bind_with_broadcast_guards(eqn, invals, masks):
 
         exact = _exact_jvp(prim, term_vals, live, live_tans, params)
         if exact is not None:
-            return exact[1]
-        return jvp_in(apply, vals, live, live_tans)[1]
+            return exact
+        return jvp_in(apply, vals, live, live_tans)
 
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp)
 
@@ -198,6 +200,7 @@ def bind_custom_call_with_broadcast_guards(eqn, invals, masks):
         return bind_eqn(eqn, list(args))[0]
 
     def jvp(apply, primals, tans, live_masks):
+        out = apply(*primals)
         live = live_tangent_indices(tans)
         whole = [i for i in live if i not in live_masks]
         t_out = None
@@ -210,16 +213,9 @@ def bind_custom_call_with_broadcast_guards(eqn, invals, masks):
             slope = lax.select(live_masks[i], slope, lax.full_like(slope, 0))
             term = slope * lax_broadcast(tans[i], out_shape)
             t_out = term if t_out is None else t_out + term
-        return _zero_tangent(eqn) if t_out is None else t_out
+        return out, lax.full_like(out, 0) if t_out is None else t_out
 
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply)
-
-
-def _zero_tangent(eqn):
-    """The exact-zero tangent of ``eqn``'s (single) output, without
-    evaluating the operation again."""
-    aval = eqn.outvars[0].aval
-    return lax.full(aval.shape, 0, aval.dtype)
 
 
 def _exact_jvp(prim, primals, live, live_tans, params):
