@@ -12,7 +12,10 @@ copy of ``s`` per lane).  The guarded
 program must (1) compute bitwise the same forward values as the unguarded one,
 (2) have the derivative of the lane-by-lane Python-``if`` oracle, in which an
 unselected branch never runs (reverse mode eager and jitted, and forward mode),
-and (3) keep every taken-path singularity non-finite.
+and (3) keep every taken-path singularity non-finite.  A second-order check
+(``check_second_order``) differentiates the guarded program twice -- hessian
+(forward over reverse), ``jacrev`` of ``grad`` and ``jacfwd`` of ``jacfwd`` --
+against the oracle's per-lane Hessian: structural zeros are zero in every order.
 
 ``HLO_GUARD_FUZZ_NO_BROADCAST=1`` stops drawing size-1 (broadcast) operands, to
 explore past the known implicit-broadcast bug (see test_fuzz_regressions.py).
@@ -28,7 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fuzzlib.checks import check_clean_implies_exact, check_forward_mode, check_program
+from fuzzlib.checks import (
+    SECOND_ORDER_MODES,
+    check_clean_implies_exact,
+    check_forward_mode,
+    check_program,
+    check_second_order,
+    note,
+)
 from fuzzlib.program import (
     BODY_KINDS,
     IDENTITY,
@@ -50,6 +60,7 @@ from fuzzlib.program import (
 )
 from fuzzlib.strategies import input_vectors, programs, programs_in_bodies, scalar_inputs
 from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 EXAMPLES = int(os.environ.get("HLO_GUARD_FUZZ_EXAMPLES", "60"))
 SEED = os.environ.get("HLO_GUARD_FUZZ_SEED")
@@ -221,3 +232,45 @@ def test_a_selection_inside_a_body_is_clean_and_exact(kind):
     if kind != "while":
         with pytest.raises(AssertionError, match="oracle"):
             check_program(root, X, Y, jit=False, guard=lambda f: f)
+
+
+@_seeded
+@settings(FUZZ_SETTINGS, max_examples=max(1, EXAMPLES // 4))
+@given(
+    root=programs(max_depth=3, extras=True),
+    x=input_vectors(),
+    y=input_vectors(),
+    s=scalar_inputs(),
+    mode=st.sampled_from(sorted(SECOND_ORDER_MODES)),
+)
+def test_guarded_program_second_order_matches_lane_oracle(root, x, y, s, mode):
+    note(check_second_order(root, x, y, s, mode=mode))
+
+
+#: programs whose plain JAX *second* derivative has a dead-lane NaN at (X, Y, S)
+#: (their first derivative may be exact: ``where``'s JVP selects tangents)
+LEAKING_SECOND_ORDER = {
+    **{name: LEAKING[name] for name in ("where-sqrt", "gather-drops-log", "set-overwrites-div")},
+    **{name: LEAKING[name] for name in ("segment-max-drops-sqrt", "where-scalar-times-log")},
+    # d2/ds2 of log(x) / s: the divisor's own term -ds * log(0) / s**2 in a dead lane
+    "where-log-over-scalar": Where(
+        "gt",
+        Leaf("x"),
+        Const(0.0, 1),
+        Binary("div", Unary("log", Leaf("x")), Scalar(4)),
+        Const(0.0, 1),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKING_SECOND_ORDER))
+def test_second_order_check_fails_on_plain_jax_and_passes_guarded(name):
+    root = LEAKING_SECOND_ORDER[name]
+    failed = []
+    for mode in sorted(SECOND_ORDER_MODES):
+        try:
+            check_second_order(root, X, Y, S, mode=mode, guard=lambda f: f)
+        except AssertionError:
+            failed.append(mode)
+        assert check_second_order(root, X, Y, S, mode=mode) == f"{mode} compared"
+    assert "rev-over-rev" in failed and "fwd-over-rev" in failed

@@ -16,11 +16,14 @@ unguarded values (found 2026-11-27 by a user-style hunt; plain ``grad``,
 
 Now the JVP's primal is the guarded operation itself, and its tangent terms
 read the broadcast operand broadcast and guarded (for ``mul``-like ops, where
-that gives the same bits; a division keeps its rank-0 divisor, as XLA divides
-by a scalar through its reciprocal, and a second derivative in a scalar
-divisor can still meet a dead lane's inf: the xfail below, which value mode
-passes).  Oracle: the hand double where, eagerly and under ``jit``, also
-through ``guarded_jit``.
+that gives the same bits).  A division keeps its rank-0 divisor in the
+numerator's term ``dx / w`` (XLA divides by a scalar through its reciprocal,
+by a broadcast one exactly: the first derivative's bits), and reads it
+broadcast and guarded only in the divisor's own term ``-dw * x / w**2``:
+that term's derivative in ``w`` is what a second derivative sums over the
+lanes, a dead lane's ``x = log(0)`` included (numpyro's LogNormal scale,
+below; an xfail until the terms were split).  Oracle: the hand double
+where, eagerly and under ``jit``, also through ``guarded_jit``.
 """
 
 from __future__ import annotations
@@ -103,21 +106,7 @@ def test_force_matching_through_a_guarded_energy(wrap, jit):
     assert np.isnan(np.asarray(jax.grad(_force_matching(energy))(jnp.float32(0.5))))
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        pytest.param(
-            "gradient",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known limit: a scalar *divisor*'s second derivative reads the dead "
-                "lanes' non-finite values in the other operand's term ((x - loc) / scale "
-                "at log(0)); gradient guards change no value, value mode does",
-            ),
-        ),
-        "value",
-    ],
-)
+@pytest.mark.parametrize("mode", ["gradient", "value"])
 def test_a_numpyro_log_prob_with_scalar_parameters_under_second_order(mode):
     dist = pytest.importorskip("numpyro.distributions")
     y = jnp.asarray([0.5, 0.0, 2.0, jnp.inf])

@@ -148,30 +148,34 @@ def bind_with_broadcast_guards(eqn, invals, masks):
         # the broadcast operand as the tangent terms read it: broadcast and
         # guarded, so that a derivative of this derivative in that operand
         # (reverse over reverse: the other operand's term ``w * dx``,
-        # differentiated in ``w``) sums live lanes only -- where that gives
-        # the same bits (XLA divides by a rank-0 divisor through its
-        # reciprocal, by a broadcast one exactly: a division keeps it rank-0)
+        # differentiated in ``w``) sums live lanes only
         vals = list(primals)
         for i in index:
             wide_val = lax_broadcast(vals[i], out_shape)
             vals[i] = lax.select(masks[i], wide_val, lax.stop_gradient(wide_val))
-        term_vals = vals if prim.name in _SAME_BITS_BROADCAST else list(primals)
         live = live_tangent_indices(tans)
         if not live:
             out = apply(*vals)
             return out, lax.full_like(out, 0)
-        live_tans = []
+        live_tans = {}
         for i in live:
             t = tans[i]
             if i in masks:
                 t = lax_broadcast(t, out_shape)
                 t = lax.select(masks[i], t, lax.full_like(t, 0))
-            live_tans.append(t)
-
-        exact = _exact_jvp(prim, term_vals, live, live_tans, params)
-        if exact is not None:
-            return exact
-        return jvp_in(apply, vals, live, live_tans)
+            live_tans[i] = t
+        if prim.name in _SAME_BITS_BROADCAST:
+            return _terms_jvp(prim, params, apply, [(vals, live)], live_tans)
+        # XLA divides by a rank-0 divisor through its reciprocal, by a
+        # broadcast one exactly: the other operands' terms (``dx / w``, the
+        # first derivative's bits) keep it rank-0, and only the broadcast
+        # operand's own term (``-dw * x / w**2``) reads it broadcast and
+        # guarded -- the term whose derivative in ``w`` a second derivative
+        # sums over the lanes, where a dead lane's ``x = log(0)`` waits
+        own = [i for i in live if i in masks]
+        others = [i for i in live if i not in masks]
+        groups = [(list(primals), others), (vals, own)]
+        return _terms_jvp(prim, params, apply, [g for g in groups if g[1]], live_tans)
 
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp)
 
@@ -216,6 +220,23 @@ def bind_custom_call_with_broadcast_guards(eqn, invals, masks):
         return out, lax.full_like(out, 0) if t_out is None else t_out
 
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply)
+
+
+def _terms_jvp(prim, params, apply, groups, live_tans):
+    """The JVP as a sum of tangent terms, each group ``(values, operands)``
+    the terms of ``operands`` evaluated at ``values`` (the op's JVP is linear
+    in the tangents, and JAX's own rule adds its terms the same way).  The
+    primal comes from the first group."""
+    out = t_out = None
+    for values, live in groups:
+        tangents = [live_tans[i] for i in live]
+        found = _exact_jvp(prim, values, live, tangents, params)
+        if found is None:
+            found = jvp_in(apply, values, live, tangents)
+        if out is None:
+            out = found[0]
+        t_out = found[1] if t_out is None else t_out + found[1]
+    return out, t_out
 
 
 def _exact_jvp(prim, primals, live, live_tans, params):

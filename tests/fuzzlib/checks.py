@@ -104,7 +104,7 @@ def assert_scalar_grad_matches(actual, contributions, what):
         )
 
 
-def _note(message):
+def note(message):
     """A hypothesis statistics event when inside a @given test, else nothing."""
     try:
         event(message)
@@ -191,14 +191,14 @@ def check_forward_mode(root, x, y, s=None, *, guard=None):
             # 0 * inf = NaN, summed into every column -- in plain JAX and in the
             # contract's vectorised per-select-``if`` program alike.  Only the
             # scalarised oracle avoids it, so such examples are not comparable.
-            _note("oracle derivative non-finite: forward mode not compared")
+            note("oracle derivative non-finite: forward mode not compared")
             return
         if np.isnan(np.asarray(plain(*args))).any():
             # A NaN forward value (a genuine NaN reaching a max): JAX's own
             # reduce_max JVP divides by the number of lanes equal to the max, 0
             # when the max is NaN -- NaN in plain JAX, guarded_jit and eager
             # guard(f) alike, whatever the scalarised oracle's max says.
-            _note("NaN forward value: forward mode not compared")
+            note("NaN forward value: forward mode not compared")
             return
         argnums = tuple(range(len(args)))
         fx, fy, *fs = jax.jacfwd(loss_of(guard(plain)), argnums=argnums)(*args)
@@ -248,7 +248,75 @@ def check_clean_implies_exact(root, x, y, s=None) -> str:
         if not forward_reported:
             check_forward_mode(root, x, y, s)
             compared.append("forward")
-        _note("compared: " + (" and ".join(compared) or "neither (reported)"))
+        note("compared: " + (" and ".join(compared) or "neither (reported)"))
         return " and ".join(compared)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe(root, x, y, s)}") from None
+
+
+#: second-order modes a user differentiates a program in twice
+SECOND_ORDER_MODES = {
+    "fwd-over-rev": jax.hessian,
+    "rev-over-rev": lambda f, argnums: jax.jacrev(jax.grad(f, argnums=argnums), argnums=argnums),
+    "fwd-over-fwd": lambda f, argnums: jax.jacfwd(jax.jacfwd(f, argnums=argnums), argnums=argnums),
+}
+
+
+def _assembled(blocks, sizes) -> np.ndarray:
+    """A nested tuple of Hessian blocks (``blocks[i][j]`` of shape
+    ``sizes[i] + sizes[j]``) as one square float64 matrix."""
+    flat = [
+        np.concatenate(
+            [np.asarray(b, np.float64).reshape(n, m) for b, m in zip(row, sizes)], axis=1
+        )
+        for row, n in zip(blocks, sizes)
+    ]
+    return np.concatenate(flat, axis=0)
+
+
+def check_second_order(root, x, y, s=None, *, mode="fwd-over-rev", guard=None) -> str:
+    """Second order: the guarded program's Hessian of its summed output (in
+    ``mode``, one of :data:`SECOND_ORDER_MODES`) equals the oracle's, every
+    entry (NaN == NaN, inf == inf, allclose otherwise).  The contract asks
+    structural zeros to be zero in every AD order: a guard that only fixes
+    the first derivative leaves the second one NaN.
+
+    Compared only where the vectorised program can be: the oracle's first
+    and second derivatives finite (a dense basis tangent or cotangent is
+    ``0 * inf`` at a genuine singularity in another lane, in plain JAX and
+    in the per-select-``if`` program alike), the forward value NaN-free.
+    The derivative in ``s`` is compared for a float32 ``s`` (a bfloat16 or
+    float16 one rounds its cotangent at a place of JAX's choosing).
+    Returns what was compared, for the statistics."""
+    guard = guard or hlo_guard.guard
+    try:
+        plain = vectorized.as_function(root)
+        args = vectorized.arguments(root, x, y, s)
+        with_s = len(args) == 3 and s.kind in ("weak", "python", "f32")
+        argnums = (0, 1, 2) if with_s else (0, 1)
+        _, ox, oy, os_ = oracle.value_and_grad(root, x, y, s)
+        if not (np.isfinite(ox).all() and np.isfinite(oy).all()):
+            return "oracle gradient non-finite: not compared"
+        if np.isnan(np.asarray(plain(*args))).any():
+            return "NaN forward value: not compared"
+        want = oracle.hessian(root, x, y, s, with_s=with_s)
+        if not np.isfinite(want).all():
+            return "oracle Hessian non-finite: not compared"
+        sizes = [len(x), len(y)] + ([1] if with_s else [])
+        loss = loss_of(guard(plain))
+        if len(args) == 3 and not with_s:
+            fixed_s = args[2]
+            loss = (lambda f: lambda a, b: f(a, b, fixed_s))(loss)
+            args = args[:2]
+        got = _assembled(SECOND_ORDER_MODES[mode](loss, argnums=argnums)(*args), sizes)
+        scale = float(np.abs(want).sum())
+        bad = mismatches(got, want, rtol=1e-4, atol=ATOL + 1e-5 * scale)
+        if bad.any():
+            rows, cols = np.nonzero(bad)
+            raise AssertionError(
+                f"{mode} Hessian differs from the oracle's at "
+                f"{list(zip(rows.tolist(), cols.tolist()))}\n  got    {got!r}\n  oracle {want!r}"
+            )
+        return f"{mode} compared"
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{describe(root, x, y, s)}") from None

@@ -262,3 +262,54 @@ def scalar_gradient(contributions, dtype) -> tuple[list[np.ndarray], float]:
         per_node = np.asarray(sum(rounded)).astype(dtype)
         scale = float(sum(np.abs(g).sum() for g in groups))
     return [once, per_node], scale
+
+
+def hessian(root, x: np.ndarray, y: np.ndarray, s=None, *, with_s: bool = False):
+    """The oracle's second derivative of the sum of the lanes, over the flat
+    inputs ``[x, y]`` (and ``s`` last, when ``with_s``): a square float64
+    matrix.  Each lane is differentiated twice through only what its
+    per-lane ``if`` evaluation computed, so a branch that is not taken adds
+    nothing to any order.  ``s`` has one copy per lane of every
+    :class:`Scalar` node (as in :func:`value_and_grad`); its row and column
+    are the sums of the copies' (the chain rule for ``s`` feeding every
+    copy).  Branch decisions are the eager vectorised program's."""
+    dtype = x.dtype
+    decisions = decisions_of(root, x, y, s)
+    keys = [(id(node), i) for node in scalar_nodes(root) for i in range(node.length)]
+
+    def loss(flat):
+        copies = {key: flat[2 * N + k] for k, key in enumerate(keys)}
+        outs = evaluate(root, list(flat[:N]), list(flat[N : 2 * N]), decisions, dtype, copies)
+        total = outs[0]
+        for o in outs[1:]:
+            total = total + o
+        return total
+
+    values = [jnp.asarray(v, dtype) for v in list(x) + list(y)]
+    values += [jnp.asarray(s.value, dtype) for _ in keys]
+    # one scalar per input lane, so the per-lane evaluation indexes scalars
+    flat_hessian = jax.hessian(lambda *lanes: loss(list(lanes)), argnums=tuple(range(len(values))))
+    rows = flat_hessian(*values)
+    full = np.array([[np.asarray(h) for h in row] for row in rows], dtype=np.float64)
+    if not with_s:
+        return full[: 2 * N, : 2 * N]
+    # fold the copies of s into one row and column: d/ds = sum of d/dcopy
+    fold = np.zeros((len(values), 2 * N + 1))
+    fold[np.arange(2 * N), np.arange(2 * N)] = 1.0
+    fold[2 * N :, 2 * N] = 1.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _fold_product(fold, full)
+
+
+def _fold_product(fold: np.ndarray, full: np.ndarray) -> np.ndarray:
+    """``fold.T @ full @ fold`` in which a zero weight never multiplies an
+    infinite entry: ``0 * inf`` of a copy the fold leaves out must not turn
+    a taken-path infinity (or a structural zero) into NaN."""
+    n = fold.shape[1]
+    out = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            rows = np.flatnonzero(fold[:, i])
+            cols = np.flatnonzero(fold[:, j])
+            out[i, j] = full[np.ix_(rows, cols)].sum()
+    return out
