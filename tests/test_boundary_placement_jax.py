@@ -728,3 +728,36 @@ def test_an_identity_read_beside_a_direct_read_is_guarded_too():
     assert np.isnan(np.asarray(jax.grad(f)(zero))).all()
     for d in (jax.grad, lambda h: jax.jit(jax.grad(h))):
         np.testing.assert_array_equal(d(guard(f))(zero), d(oracle)(zero))
+
+
+SOFTMAX_ROWS = jnp.array([[0.5, 2.0, 1.0], [0.0, 1.0, 3.0], [4.0, 0.25, 1.0]])
+SOFTMAX_KEEP = jnp.array([True, False, True])
+
+
+def _masked_softmax_of_log(x):
+    p = jax.nn.softmax(jnp.log(x), axis=-1)
+    return jnp.sum(jnp.where(SOFTMAX_KEEP[:, None], p, 0.0) * jnp.arange(3.0))
+
+
+def _masked_softmax_of_log_oracle(x):
+    safe = jnp.where(SOFTMAX_KEEP[:, None], x, 1.0)
+    p = jax.nn.softmax(jnp.log(safe), axis=-1)
+    return jnp.sum(jnp.where(SOFTMAX_KEEP[:, None], p, 0.0) * jnp.arange(3.0))
+
+
+def test_softmax_subtracting_a_stopped_max_is_inside_its_region():
+    """``softmax`` subtracts ``stop_gradient(max)``, broadcast along the row:
+    the cotangent summed into that operand goes nowhere, so the ``sub`` mixes
+    no lanes and ``exp`` is inside the dead region that ``log``'s operand
+    enters -- one guard where ``x`` enters protects ``log`` and ``exp`` both
+    (was: a guard on ``exp``'s operand as well).  The double where's
+    derivatives in every mode."""
+    from hlo_guard import explain
+
+    sites = explain(_masked_softmax_of_log, SOFTMAX_ROWS).guards
+    assert [s.op for s in sites if s.op in ("exp", "log")] == ["log"]
+    for name, d in MODES.items():
+        got = np.asarray(d(guard(_masked_softmax_of_log))(SOFTMAX_ROWS))
+        want = np.asarray(d(_masked_softmax_of_log_oracle)(SOFTMAX_ROWS))
+        assert np.all(np.isfinite(want)), name
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=name)

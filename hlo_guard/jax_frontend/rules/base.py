@@ -14,10 +14,29 @@ from typing import Any
 
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.mask_ops import stretched_axes
+from passes import rules as passes_rules
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
 from passes.masks import ALL
 from passes.masks import or_all as passes_or_all
 from passes.rules import BroadcastOperandRule, Rule, dropping, implements, joined  # noqa: F401  (shared helpers, re-exported)
+
+
+def _cotangent_stops_at(analysis, v) -> bool:
+    """Whether a cotangent summed into ``v`` goes no further: ``v`` is a
+    constant, or the result of an op with no derivative (``stop_gradient``:
+    the max that ``softmax`` subtracts), seen through the ``jnp`` wrapper
+    calls around it.  A broadcast of such an operand sums dead lanes'
+    cotangents into lanes that are then dropped, so it mixes nothing that
+    matters: ``exp(x - stop_gradient(m))`` needs no guard between the ``sub``
+    and the ``exp``."""
+    graph, atom = analysis.graph.value_source(v)
+    if graph.is_constant(atom):
+        return True
+    found = graph.producer(atom)
+    if found is None:
+        return False
+    rule = analysis.rules.get(graph.op_name(found[0]))
+    return isinstance(rule, passes_rules.ZeroDerivative)
 
 
 class JaxRule(Rule):
@@ -55,7 +74,8 @@ class JaxRule(Rule):
             if is_literal(v) or not is_inexact_aval(v.aval):
                 continue
             if aval_shape(v) != shape and analysis.use(node, i).reaches_output:
-                return False  # (a constant operand mixes nothing)
+                if not _cotangent_stops_at(analysis, v):
+                    return False  # (a constant operand mixes nothing)
         return True
 
     def broadcasts_operand(self, analysis, node, index) -> bool:
