@@ -252,6 +252,10 @@ def test_guarded_program_second_order_matches_lane_oracle(root, x, y, s, mode):
 LEAKING_SECOND_ORDER = {
     **{name: LEAKING[name] for name in ("where-sqrt", "gather-drops-log", "set-overwrites-div")},
     **{name: LEAKING[name] for name in ("segment-max-drops-sqrt", "where-scalar-times-log")},
+    # d2/(ds dx) of s / x: the divisor's term -dx * s / x**2 at a dead x = 0
+    "where-scalar-over-x": Where(
+        "gt", Leaf("x"), Const(0.0, 1), Binary("div", Scalar(4), Leaf("x")), Const(0.0, 1)
+    ),
     # d2/ds2 of log(x) / s: the divisor's own term -ds * log(0) / s**2 in a dead lane
     "where-log-over-scalar": Where(
         "gt",

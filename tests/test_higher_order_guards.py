@@ -126,3 +126,29 @@ def test_a_numpyro_log_prob_with_scalar_parameters_under_second_order(mode):
     for g, w in zip(got, want):
         assert np.isfinite(np.asarray(w)).all()
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
+
+
+def lj_energy(r, sigma):
+    return jnp.sum(jnp.where(PAIRS, (sigma / r) ** 6, 0.0))
+
+
+def lj_energy_double_where(r, sigma):
+    rs = jnp.where(PAIRS, r, 1.0)
+    return jnp.sum(jnp.where(PAIRS, (sigma / rs) ** 6, 0.0))
+
+
+@pytest.mark.parametrize("wrap", ["guard", "guarded_jit"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_force_matching_in_a_scalar_numerator(wrap, jit):
+    """``d/d sigma`` of a loss on the forces of ``(sigma / r)**6`` (jax_md's
+    Lennard-Jones ``idr = sigma / dr``; numpyro's Levy ``scale / (x - loc)``)
+    with a padded pair at ``r = 0``: the divisor's term ``-dr * sigma / r**2``
+    read ``sigma`` unbroadcast, and its derivative in ``sigma`` summed the
+    padded pair's ``0 * inf`` (found 2026-11-27 by a user-style hunt)."""
+    e = getattr(hlo_guard, wrap)(lj_energy)
+    d = jax.grad(_force_matching(e))
+    d = jax.jit(d) if jit else d
+    want = np.asarray(jax.grad(_force_matching(lj_energy_double_where))(jnp.float32(1.0)))
+    assert np.isfinite(want)
+    np.testing.assert_allclose(np.asarray(d(jnp.float32(1.0))), want, rtol=1e-6)
+    assert np.isnan(np.asarray(jax.grad(_force_matching(lj_energy))(jnp.float32(1.0))))

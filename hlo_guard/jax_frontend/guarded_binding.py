@@ -166,12 +166,20 @@ def bind_with_broadcast_guards(eqn, invals, masks):
             live_tans[i] = t
         if prim.name in _SAME_BITS_BROADCAST:
             return _terms_jvp(prim, params, apply, [(vals, live)], live_tans)
-        # XLA divides by a rank-0 divisor through its reciprocal, by a
-        # broadcast one exactly: the other operands' terms (``dx / w``, the
-        # first derivative's bits) keep it rank-0, and only the broadcast
-        # operand's own term (``-dw * x / w**2``) reads it broadcast and
-        # guarded -- the term whose derivative in ``w`` a second derivative
-        # sums over the lanes, where a dead lane's ``x = log(0)`` waits
+        if prim.name == "div":
+            # XLA divides by a rank-0 divisor through its reciprocal, by a
+            # broadcast one exactly: the numerator's term ``dx / w`` (the
+            # first derivative's bits) keeps a broadcast divisor rank-0.
+            # Every other term reads the broadcast operands broadcast and
+            # guarded: the divisor's own ``-dw * x / w**2`` (a dead lane's
+            # ``x = log(0)``), and with a broadcast *numerator* ``s / d``
+            # the divisor's term ``-dd * s / d**2`` (a padded pair's
+            # ``d = 0``), whose derivative in ``s`` a second derivative sums
+            numerator_vals = [vals[0], primals[1]]
+            groups = [(numerator_vals, [i for i in live if i == 0]), (vals, [i for i in live if i])]
+            return _terms_jvp(prim, params, apply, [g for g in groups if g[1]], live_tans)
+        # other ops outside the same-bits list: the broadcast operands' own
+        # terms read them broadcast and guarded, the other terms unbroadcast
         own = [i for i in live if i in masks]
         others = [i for i in live if i not in masks]
         groups = [(list(primals), others), (vals, own)]
