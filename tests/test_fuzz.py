@@ -242,9 +242,10 @@ def test_a_selection_inside_a_body_is_clean_and_exact(kind):
     y=input_vectors(),
     s=scalar_inputs(),
     mode=st.sampled_from(sorted(SECOND_ORDER_MODES)),
+    jit=st.booleans(),
 )
-def test_guarded_program_second_order_matches_lane_oracle(root, x, y, s, mode):
-    note(check_second_order(root, x, y, s, mode=mode))
+def test_guarded_program_second_order_matches_lane_oracle(root, x, y, s, mode, jit):
+    note(check_second_order(root, x, y, s, mode=mode, jit=jit))
 
 
 #: programs whose plain JAX *second* derivative has a dead-lane NaN at (X, Y, S)
@@ -255,6 +256,20 @@ LEAKING_SECOND_ORDER = {
     # d2/(ds dx) of s / x: the divisor's term -dx * s / x**2 at a dead x = 0
     "where-scalar-over-x": Where(
         "gt", Leaf("x"), Const(0.0, 1), Binary("div", Scalar(4), Leaf("x")), Const(0.0, 1)
+    ),
+    # (1/x)**2 / s, jitted: reverse over the *staged* reverse pass, whose dead
+    # lane's seed is NaN (0 * inf of the square at x = 0), summed into s
+    # through the numerator's term dx / s
+    "where-reciprocal-squared-over-scalar": Where(
+        "gt",
+        Leaf("x"),
+        Const(0.0, 1),
+        Binary(
+            "div",
+            Binary("mul", Unary("reciprocal", Leaf("x")), Unary("reciprocal", Leaf("x"))),
+            Scalar(4),
+        ),
+        Const(0.0, 1),
     ),
     # d2/ds2 of log(x) / s: the divisor's own term -ds * log(0) / s**2 in a dead lane
     "where-log-over-scalar": Where(
@@ -277,4 +292,5 @@ def test_second_order_check_fails_on_plain_jax_and_passes_guarded(name):
         except AssertionError:
             failed.append(mode)
         assert check_second_order(root, X, Y, S, mode=mode) == f"{mode} compared"
+        assert check_second_order(root, X, Y, S, mode=mode, jit=True) == f"{mode} jit compared"
     assert "rev-over-rev" in failed and "fwd-over-rev" in failed

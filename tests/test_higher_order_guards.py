@@ -152,3 +152,41 @@ def test_force_matching_in_a_scalar_numerator(wrap, jit):
     assert np.isfinite(want)
     np.testing.assert_allclose(np.asarray(d(jnp.float32(1.0))), want, rtol=1e-6)
     assert np.isnan(np.asarray(jax.grad(_force_matching(lj_energy))(jnp.float32(1.0))))
+
+
+T_DATA = jnp.asarray([0.5, jnp.inf, -1.5])  # inf: padding
+T_KEEP = jnp.isfinite(T_DATA)
+
+
+def student_t_like(df, loc):
+    return jnp.sum(jnp.where(T_KEEP, df * jnp.log1p((T_DATA - loc) ** 2 / df), 0.0))
+
+
+def student_t_like_double_where(df, loc):
+    xs = jnp.where(T_KEEP, T_DATA, 0.0)
+    return jnp.sum(jnp.where(T_KEEP, df * jnp.log1p((xs - loc) ** 2 / df), 0.0))
+
+
+STAGED = {
+    "jit(jacrev(grad))": lambda F: jax.jit(jax.jacrev(jax.grad(F, (0, 1)), (0, 1))),
+    "jacrev(jit(grad))": lambda F: jax.jacrev(jax.jit(jax.grad(F, (0, 1))), (0, 1)),
+}
+
+
+@pytest.mark.parametrize("wrap", ["guard", "guarded_jit"])
+@pytest.mark.parametrize("staged", sorted(STAGED))
+def test_a_scalar_divisor_under_reverse_over_a_staged_reverse_pass(wrap, staged):
+    """``df * log1p((x - loc)**2 / df)`` (numpyro's StudentT) with an inf
+    padding lane, differentiated twice with the first derivative staged:
+    JAX inlines the guards' ``custom_jvp`` rules there, and the reverse pass
+    over it seeds the dead lane with ``0 * inf`` (the square's derivative
+    at ``x = inf``).  The numerator's term ``d(x**2) / df`` summed that seed
+    into ``df`` through the rank-0 divisor, NaN with a clean report, while
+    eager was exact (found 2026-11-27 by a user-style hunt).  Now the term is
+    ``d(x**2) * r`` with ``r = 1 / df`` broadcast and guarded."""
+    args = (jnp.float32(3.0), jnp.float32(0.2))
+    d = STAGED[staged]
+    want = np.asarray(jax.tree_util.tree_leaves(d(student_t_like_double_where)(*args)))
+    got = np.asarray(jax.tree_util.tree_leaves(d(getattr(hlo_guard, wrap)(student_t_like))(*args)))
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5)

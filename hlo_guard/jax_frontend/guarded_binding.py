@@ -167,17 +167,14 @@ def bind_with_broadcast_guards(eqn, invals, masks):
         if prim.name in _SAME_BITS_BROADCAST:
             return _terms_jvp(prim, params, apply, [(vals, live)], live_tans)
         if prim.name == "div":
-            # XLA divides by a rank-0 divisor through its reciprocal, by a
-            # broadcast one exactly: the numerator's term ``dx / w`` (the
-            # first derivative's bits) keeps a broadcast divisor rank-0.
-            # Every other term reads the broadcast operands broadcast and
-            # guarded: the divisor's own ``-dw * x / w**2`` (a dead lane's
-            # ``x = log(0)``), and with a broadcast *numerator* ``s / d``
-            # the divisor's term ``-dd * s / d**2`` (a padded pair's
-            # ``d = 0``), whose derivative in ``s`` a second derivative sums
-            numerator_vals = [vals[0], primals[1]]
-            groups = [(numerator_vals, [i for i in live if i == 0]), (vals, [i for i in live if i])]
-            return _terms_jvp(prim, params, apply, [g for g in groups if g[1]], live_tans)
+            # every term reads the broadcast operands broadcast and guarded
+            # (the divisor's own ``-dw * x / w**2`` at a dead ``x = log(0)``;
+            # with a broadcast numerator ``s / d``, ``-dd * s / d**2`` at a
+            # padded ``d = 0``), but the numerator's term ``dx / w`` with a
+            # broadcast divisor is written as XLA computes it
+            if 1 in masks and 0 in live:
+                return _division_jvp(prim, params, apply, primals, vals, live, live_tans, masks[1])
+            return _terms_jvp(prim, params, apply, [(vals, live)], live_tans)
         # other ops outside the same-bits list: the broadcast operands' own
         # terms read them broadcast and guarded, the other terms unbroadcast
         own = [i for i in live if i in masks]
@@ -228,6 +225,26 @@ def bind_custom_call_with_broadcast_guards(eqn, invals, masks):
         return out, lax.full_like(out, 0) if t_out is None else t_out
 
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply)
+
+
+def _division_jvp(prim, params, apply, primals, vals, live, live_tans, divisor_mask):
+    """``x / w`` with ``w`` broadcast by the division: the numerator's term
+    is ``dx * r`` with ``r = 1 / w`` computed rank-0 and then broadcast and
+    guarded -- the reciprocal XLA itself rewrites a division by a broadcast
+    scalar into, so the first derivative keeps plain JAX's bits, while a
+    second derivative in ``w`` (reverse over a staged reverse pass, where a
+    dead lane's seed may be NaN: ``0 * inf`` of ``(x - loc)**2`` at a padded
+    ``x = inf``) meets the guard's select before the lanes are summed.  The
+    divisor's own term reads it broadcast and guarded."""
+    w = primals[1]
+    recip = lax.div(lax.full_like(w, 1), w)
+    out_shape = tuple(np.shape(live_tans[0]))
+    wide = lax_broadcast(recip, out_shape)
+    guarded = lax.select(divisor_mask, wide, lax.stop_gradient(wide))
+    t_out = live_tans[0] * guarded
+    if 1 in live:
+        t_out = t_out + _terms_jvp(prim, params, apply, [(vals, [1])], live_tans)[1]
+    return apply(*primals), t_out
 
 
 def _terms_jvp(prim, params, apply, groups, live_tans):

@@ -274,7 +274,7 @@ def _assembled(blocks, sizes) -> np.ndarray:
     return np.concatenate(flat, axis=0)
 
 
-def check_second_order(root, x, y, s=None, *, mode="fwd-over-rev", guard=None) -> str:
+def check_second_order(root, x, y, s=None, *, mode="fwd-over-rev", jit=False, guard=None) -> str:
     """Second order: the guarded program's Hessian of its summed output (in
     ``mode``, one of :data:`SECOND_ORDER_MODES`) equals the oracle's, every
     entry (NaN == NaN, inf == inf, allclose otherwise).  The contract asks
@@ -287,7 +287,10 @@ def check_second_order(root, x, y, s=None, *, mode="fwd-over-rev", guard=None) -
     in the per-select-``if`` program alike), the forward value NaN-free.
     The derivative in ``s`` is compared for a float32 ``s`` (a bfloat16 or
     float16 one rounds its cotangent at a place of JAX's choosing).
-    Returns what was compared, for the statistics."""
+    With ``jit`` the second derivative is compiled as one program (the
+    first derivative staged, then differentiated again: JAX inlines the
+    guards' ``custom_jvp`` rules there, so their derivatives are taken as
+    plain equations).  Returns what was compared, for the statistics."""
     guard = guard or hlo_guard.guard
     try:
         plain = vectorized.as_function(root)
@@ -308,15 +311,16 @@ def check_second_order(root, x, y, s=None, *, mode="fwd-over-rev", guard=None) -
             fixed_s = args[2]
             loss = (lambda f: lambda a, b: f(a, b, fixed_s))(loss)
             args = args[:2]
-        got = _assembled(SECOND_ORDER_MODES[mode](loss, argnums=argnums)(*args), sizes)
+        second = SECOND_ORDER_MODES[mode](loss, argnums=argnums)
+        got = _assembled((jax.jit(second) if jit else second)(*args), sizes)
         scale = float(np.abs(want).sum())
         bad = mismatches(got, want, rtol=1e-4, atol=ATOL + 1e-5 * scale)
         if bad.any():
             rows, cols = np.nonzero(bad)
             raise AssertionError(
-                f"{mode} Hessian differs from the oracle's at "
+                f"{mode}{' (jit)' if jit else ''} Hessian differs from the oracle's at "
                 f"{list(zip(rows.tolist(), cols.tolist()))}\n  got    {got!r}\n  oracle {want!r}"
             )
-        return f"{mode} compared"
+        return f"{mode}{' jit' if jit else ''} compared"
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{describe(root, x, y, s)}") from None
