@@ -103,15 +103,58 @@ DERIVATIVES = {
 }
 
 
+@pytest.mark.parametrize("pad", [0.0, jnp.inf], ids=["zero", "inf"])
 @pytest.mark.parametrize("mode", sorted(DERIVATIVES))
 @pytest.mark.parametrize("name", ["xlogy", "logaddexp", "gamma_logpdf"])
-def test_every_mode_matches_the_double_where(name, mode):
+def test_every_mode_matches_the_double_where(name, mode, pad):
+    """(With a zero pad, ``jacrev(grad)`` of ``xlogy`` was NaN where plain
+    JAX gives the right 0: the slope the JVP takes, ``da * log(x) + dx * a /
+    x`` with ``dx`` an exact zero, depends on ``a`` through ``0 * a / 0``;
+    the slope is now taken where a dead lane holds a live lane's ``x``.)"""
     call, d = CALLS[name], DERIVATIVES[mode]
-    f, oracle = _masked(call, jnp.inf), _double_where(call, jnp.inf)
+    f, oracle = _masked(call, pad), _double_where(call, pad)
     want = np.asarray(d(oracle)(A))
     assert np.isfinite(want).all()
     for guarded in (hlo_guard.guard(f), jax.jit(hlo_guard.guard(f))):
         np.testing.assert_allclose(np.asarray(d(guarded)(A)), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("wrap", ["guard", "guarded_jit"])
+def test_both_operands_under_reverse_over_reverse(wrap):
+    """``xlogy(b, a - x)``: the data operand's term ``d(a - x) * b / (a - x)``
+    read the scalar ``b`` rank-0 and a padded lane's ``a - x = 0``; its
+    derivative in ``b`` summed ``0 / 0`` (a user-style hunt, 2026-11-27)."""
+    x = jnp.asarray([0.5, 2.0, 1.0])
+    keep = jnp.asarray([True, False, True])
+
+    def f(a, b):
+        return jnp.sum(jnp.where(keep, special.xlogy(b, a - x), 0.0))
+
+    def oracle(a, b):
+        return jnp.sum(jnp.where(keep, special.xlogy(b, jnp.where(keep, a - x, 1.0)), 0.0))
+
+    args = (jnp.float32(2.0), jnp.float32(0.7))
+    d = lambda F: jax.jacrev(jax.grad(F, (0, 1)), (0, 1))  # noqa: E731
+    want = np.asarray(jax.tree_util.tree_leaves(d(oracle)(*args)))
+    got = np.asarray(jax.tree_util.tree_leaves(d(getattr(hlo_guard, wrap)(f))(*args)))
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", sorted(DERIVATIVES))
+def test_every_lane_dead(mode):
+    """No live lane to take the slope at: the scalar is read through a
+    select that discards what the dead lanes send it (a padded lane at
+    ``x = 0`` made ``jacrev(grad)`` NaN; plain JAX gives 0)."""
+    x = jnp.asarray([0.0, 2.0, 0.0])
+    keep = jnp.zeros(3, bool)
+
+    def f(a):
+        return jnp.sum(jnp.where(keep, special.xlogy(a, x), 0.0))
+
+    d = DERIVATIVES[mode]
+    for guarded in (hlo_guard.guard(f), jax.jit(hlo_guard.guard(f))):
+        np.testing.assert_array_equal(np.asarray(d(guarded)(A)), 0.0)
 
 
 def test_the_data_operand_keeps_its_own_guard():

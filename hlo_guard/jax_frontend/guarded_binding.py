@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -212,19 +213,58 @@ def bind_custom_call_with_broadcast_guards(eqn, invals, masks):
         out = apply(*primals)
         live = live_tangent_indices(tans)
         whole = [i for i in live if i not in live_masks]
+        # the tangent terms read the broadcast operand ``a`` rank-0, and a
+        # second derivative in ``a`` sums their derivative over the lanes:
+        # in a dead lane that is ``0 * inf`` (the rule's ``dx * a / x`` at a
+        # padded ``x = 0``, with ``dx`` an exact zero).  So they are taken at
+        # operands whose dead lanes hold a live lane's values: the live
+        # lanes' terms are unchanged, and a dead lane computes what a live
+        # lane computes, finite unless that live lane is singular itself
+        at = _dead_lanes_as_a_live_one(primals, _all_live(live_masks), out_shape)
         t_out = None
         if whole:
-            t_out = jvp_in(apply, primals, whole, [tans[i] for i in whole])[1]
+            t_out = jvp_in(apply, at, whole, [tans[i] for i in whole])[1]
         for i in live:
             if i not in live_masks:
                 continue
-            slope = jvp_in(apply, primals, [i], [lax.full_like(primals[i], 1)])[1]
+            slope = jvp_in(apply, at, [i], [lax.full_like(primals[i], 1)])[1]
             slope = lax.select(live_masks[i], slope, lax.full_like(slope, 0))
             term = slope * lax_broadcast(tans[i], out_shape)
             t_out = term if t_out is None else t_out + term
         return out, lax.full_like(out, 0) if t_out is None else t_out
 
     return _bind_with_jvp(eqn, invals, index, mask_args, jvp, apply)
+
+
+def _all_live(masks):
+    """The lanes every mask of ``{operand: mask}`` keeps."""
+    found = None
+    for m in masks.values():
+        found = m if found is None else lax.bitwise_and(found, m)
+    return found
+
+
+def _dead_lanes_as_a_live_one(values, keep, shape):
+    """``values`` with each operand of the output's ``shape`` holding, in
+    the lanes ``keep`` drops, the value of the first lane it keeps.  When it
+    keeps none there is no such value; the broadcast operands are then read
+    through ``select(False, a, stop_gradient(a))``, which discards whatever
+    the dead lanes send them."""
+    flat = lax.reshape(keep, (int(np.prod(shape)),))
+    first = lax.argmax(flat.astype(np.int32), 0, np.int32)
+    any_live = lax.reduce_or(flat, (0,))
+    found = []
+    for v in values:
+        if not jnp.issubdtype(v.dtype, jnp.inexact):
+            found.append(v)
+            continue
+        if tuple(np.shape(v)) != tuple(shape):
+            some = lax.broadcast(any_live, tuple(np.shape(v)))
+            found.append(lax.select(some, v, lax.stop_gradient(v)))
+            continue
+        lane = lax.dynamic_index_in_dim(lax.reshape(v, flat.shape), first, keepdims=False)
+        found.append(lax.select(keep, v, lax.broadcast(lane, tuple(shape))))
+    return found
 
 
 def _division_jvp(prim, params, apply, primals, vals, live, live_tans, divisor_mask):
