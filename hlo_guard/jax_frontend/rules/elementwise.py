@@ -62,8 +62,10 @@ class Elementwise(JaxRule):
         the same, but is still read as a hazard: without the guard on
         ``jnp.mean``'s operand in a layer norm, the 2-layer transformer's
         remaining guards took their masks from values computed on the side
-        (``make bench``, 2026-11-27: 3627 -> 4657 gradient instructions),
-        and that interaction is not understood yet."""
+        (``make bench``, 2026-11-27: 3627 -> 4657 gradient instructions).
+        The guarded jaxpr is smaller without it; XLA recomputes the side
+        mask (``var > 0``) inside every fusion that reads it (RESULTS.md,
+        nineteenth session), so the instruction count of item 2 grows."""
         if not super().guards_input(analysis, node, index):
             return False
         eqn = analysis.graph.eqns[node]
