@@ -37,6 +37,7 @@ from fuzzlib.checks import (
     check_forward_mode,
     check_program,
     check_second_order,
+    check_second_order_clean_implies_exact,
     note,
 )
 from fuzzlib.program import (
@@ -118,6 +119,22 @@ def test_programs_in_bodies_clean_report_implies_exact(root, x, y, s):
     the oracle's.  (Reverse mode through control-flow boundaries is partly
     reported rather than exact: a report, never a silent NaN.)"""
     check_clean_implies_exact(root, x, y, s)
+
+
+@_seeded
+@settings(FUZZ_SETTINGS, max_examples=max(1, EXAMPLES // 8))
+@given(
+    root=programs_in_bodies(),
+    x=input_vectors(),
+    y=input_vectors(),
+    s=scalar_inputs(),
+    mode=st.sampled_from(sorted(SECOND_ORDER_MODES)),
+    jit=st.booleans(),
+)
+def test_programs_in_bodies_second_order_clean_report_implies_exact(root, x, y, s, mode, jit):
+    """Second order through ``cond``/``scan``/``fori``/``while``/``jit``/
+    ``checkpoint`` bodies: a clean report means the oracle's Hessian."""
+    note(check_second_order_clean_implies_exact(root, x, y, s, mode=mode, jit=jit))
 
 
 # -- the checks themselves can fail -----------------------------------------------------
