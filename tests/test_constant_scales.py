@@ -8,8 +8,10 @@ result (``jnp.sqrt(8)`` is one), and a small computation of constants is
 evaluated.  A *division* by a known constant (Dropout's ``x / keep_prob``,
 ``jnp.mean``'s count) is the same in principle but still guarded: dropping
 ``jnp.mean``'s guard in a layer norm made the 2-layer transformer's other
-guards take their masks from side computations (+28% gradient HLO in
-``make bench``), not yet understood.  Its gradient is exact either way.
+guards take their masks from side computations, which XLA recomputes in every
+fusion reading them (+28% gradient HLO in ``make bench``; RESULTS.md,
+nineteenth session).  Its gradient is exact either way.  A closed-over array
+is a known constant too: its value is read while tracing.
 
 Guarded as before: a scale that is not known (``x * y``), a known divisor of
 zero, an infinite known factor, and a divisor only bounded below (``x /
@@ -34,6 +36,9 @@ C = jnp.asarray([True, False, True, False])
 #: dead lanes hold an inf and a NaN
 X = jnp.asarray([1.5, jnp.inf, -2.0, jnp.nan])
 
+#: a closed-over array of finite values (class weights, a fixed basis)
+FINITE_FACTOR = jnp.asarray([2.0, 0.5, 3.0, 1.0])
+
 #: products by a finite known constant: no reverse guard
 SCALED = {
     "times_a_literal": lambda x: jnp.sum(jnp.where(C, 2.0 * x, 0.0) * x),
@@ -41,6 +46,7 @@ SCALED = {
         jnp.where(C, x * (1.0 / jnp.sqrt(8).astype(jnp.float32)), 0.0) * x
     ),
     "dropout_by_product": lambda x: jnp.sum(jnp.tanh(jnp.where(C, x * (1 / 0.9), 0.0)) * 3.0),
+    "times_a_closed_over_array": lambda x: jnp.sum(jnp.where(C, x * FINITE_FACTOR, 0.0)),
 }
 #: divisions by one: still guarded (see ``Elementwise.guards_input``), and
 #: exact -- the guard selects nothing plain JAX does not already zero
@@ -78,7 +84,7 @@ def _safe(x):
 
 #: (f, its double where): the scale is not a known finite constant
 NOT_A_KNOWN_SCALE = {
-    "factor_not_known_while_tracing": (  # a closed-over array: its value is not read
+    "times_a_closed_over_array_with_an_inf": (  # read while tracing: not finite
         lambda x: jnp.sum(jnp.where(C, x * FACTOR, 0.0)),
         lambda x: jnp.sum(jnp.where(C, x * jnp.where(C, FACTOR, 0.0), 0.0)),
     ),

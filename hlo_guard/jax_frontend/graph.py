@@ -101,15 +101,20 @@ class OriginToken:
 class JaxprGraph:
     """Adapter of one (open) jaxpr.  ``scope`` names the nesting for reports."""
 
-    def __init__(self, jaxpr, scope: str = "", constant_inputs=(), caller=None):
+    def __init__(
+        self, jaxpr, scope: str = "", constant_inputs=(), caller=None, constant_values=None
+    ):
         """``constant_inputs``: invars/constvars known to hold constants (concrete
         closed-over arrays, a caller's literals); with every value computed
         from constants only, they carry no derivative and are never guarded.
         ``caller``: (the calling graph, invar -> the caller's argument), so
         that facts about an argument are asked where it is computed: ``jnp``'s
         wrappers receive ``8.0 * x``'s scalar as an input, not as a literal
-        (:meth:`known_constant`, :mod:`value_bounds`)."""
+        (:meth:`known_constant`, :mod:`value_bounds`).  ``constant_values``:
+        the concrete arrays some of those constants hold (closed-over
+        ``jnp.asarray([...])``), read by :meth:`known_constant`."""
         self.jaxpr = jaxpr
+        self._constant_values = dict(constant_values or {})
         self._caller = caller
         #: a ``cond`` branch's link to the operands its caller passes (the
         #: caller's graph, invar -> operand), for walks that follow a value
@@ -195,7 +200,7 @@ class JaxprGraph:
             return graph.known_constant(atom)
         where = self.producer(atom)
         if where is None:
-            return None
+            return self._constant_values.get(atom)
         eqn = self.eqns[where[0]]
         if eqn.primitive.name == "convert_element_type":
             val = self.known_constant(eqn.invars[0])

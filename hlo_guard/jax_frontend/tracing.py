@@ -29,6 +29,10 @@ from hlo_guard.jax_frontend.leaf_layout import LeafLayout, split_leaves
 from hlo_guard.jax_frontend.rules import RULES
 from passes.analysis import Analysis, analyze
 
+#: closed-over constants of at most this many elements are read while
+#: tracing (:meth:`JaxprGraph.known_constant`)
+KNOWN_CONSTANT_MAX_SIZE = 4096
+
 
 @dataclass
 class TracedProgram:
@@ -309,11 +313,15 @@ def trace(
     closed = jax.make_jaxpr(flat_fn)(*specs)
     # Closed-over arrays are constants (no derivative, never guarded) -- unless
     # they are tracers of an enclosing transformation, which do carry one.
-    constant = [
-        v
+    concrete = [
+        (v, c)
         for v, c in zip(closed.jaxpr.constvars, closed.consts)
         if not isinstance(c, jax.core.Tracer)
     ]
-    constant += [closed.jaxpr.invars[i] for i in constant_leaves]
-    analysis = analyze(JaxprGraph(closed.jaxpr, constant_inputs=constant), RULES)
+    constant = [v for v, _ in concrete] + [closed.jaxpr.invars[i] for i in constant_leaves]
+    # small ones are read while tracing (a finite factor is no hazard), as
+    # host copies: a large table is neither copied nor read
+    values = {v: np.asarray(c) for v, c in concrete if np.size(c) <= KNOWN_CONSTANT_MAX_SIZE}
+    graph = JaxprGraph(closed.jaxpr, constant_inputs=constant, constant_values=values)
+    analysis = analyze(graph, RULES)
     return TracedProgram(closed, analysis, layout, out_tree_box[-1], updated_box[-1])
