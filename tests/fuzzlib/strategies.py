@@ -80,7 +80,9 @@ MAX_LEN = 6
 floats = st.one_of(
     st.sampled_from(SPECIAL_INPUTS),
     st.sampled_from(SPECIAL_INPUTS),
-    st.floats(-4.0, 4.0, width=32),
+    # no subnormals here either (see SPECIAL_INPUTS; seen: 3.4e-43 drawn, the
+    # eager max flushing it to 0 and tying with three zeros the oracle did not tie)
+    st.floats(-4.0, 4.0, width=32, allow_subnormal=False),
 )
 
 
