@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hlo_guard
 from hlo_guard import guard, guarded_jit
 
 
@@ -129,3 +130,41 @@ def test_genuine_singularity_downstream_stays_nan():
         for got, w in zip(jax.grad(wrap(f), argnums=(0, 1, 2))(*args), want):
             np.testing.assert_array_equal(np.isnan(got), np.isnan(w))
             np.testing.assert_allclose(got, w, rtol=2e-5, atol=1e-6)
+
+
+W_ROW = jnp.array([[0.5, -1.0]])
+PADDED = jnp.array([4.0, 0.0])  # lane 1: a padded atom, dead in both wheres
+
+
+def _encoder_loss(x, double_where=False):
+    """A layer on ``where(x > 0, sqrt(x), 0)`` and a masked log-norm loss:
+    the second where's mask needs the dot's output, computed on the side and
+    shared as the guarded dot's primal (a Flax encoder on padded atoms)."""
+    ok = x > 0
+    inner = jnp.where(ok, x, 1.0) if double_where else x
+    h = jnp.where(ok, jnp.sqrt(inner), 0.0)[:, None] @ W_ROW
+    m2 = jnp.sum(h**2, -1)
+    ok2 = m2 > 0
+    return jnp.sum(jnp.where(ok2, jnp.log(jnp.where(ok2, m2, 1.0) if double_where else m2), 0.0))
+
+
+SECOND = {
+    "jacrev_grad": lambda F: jax.jacrev(jax.grad(F)),
+    "jit_jacrev_grad": lambda F: jax.jit(jax.jacrev(jax.grad(F))),
+    "gradient_penalty": lambda F: jax.grad(lambda q: jnp.sum(jax.grad(F)(q) ** 2)),
+    "hessian": jax.hessian,
+}
+
+
+@pytest.mark.parametrize("wrap", ["guard", "guarded_jit"])
+@pytest.mark.parametrize("mode", sorted(SECOND))
+def test_a_shared_primal_is_differentiated_through_the_guarded_jvp_again(mode, wrap):
+    """Reverse over reverse differentiated the shared dot's primal through
+    the *side* evaluation, whose ``sqrt'(0)`` in the padded lane is not
+    guarded: NaN with a clean report (a user-style hunt, 2026-11-27).  The
+    JVP's primal is now the shared call itself."""
+    d = SECOND[mode]
+    want = np.asarray(d(lambda x: _encoder_loss(x, double_where=True))(PADDED))
+    assert np.isfinite(want).all()
+    got = np.asarray(d(getattr(hlo_guard, wrap)(_encoder_loss))(PADDED))
+    np.testing.assert_allclose(got, want, rtol=1e-6)

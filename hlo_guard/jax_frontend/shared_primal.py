@@ -14,10 +14,12 @@ on the side, it takes the side values as its primal outputs and computes only
 the *tangents* from the guarded inputs: :func:`share_side_primal` is a
 ``custom_jvp`` whose primal is the side values and whose JVP is the
 equation's own JVP at the guarded inputs.  The program holds one copy of the
-forward; the derivative is exactly the guarded one.  Side values must then
-carry derivatives themselves (an outer transformation, as in
-``jax.hessian``, differentiates through them), which is why the side
-evaluation does not stop gradients when it may be shared.
+forward; the derivative is exactly the guarded one.  The JVP's primal is the
+shared call itself, so an outer transformation (``jacrev(grad)``, a gradient
+penalty) differentiates the primal through this JVP again: the side
+evaluation's own derivative, unguarded (a padded row's ``sqrt'(0)``), is
+never taken (found 2026-11-27 by a user-style hunt; it was NaN with a clean
+report).
 """
 
 from __future__ import annotations
@@ -91,16 +93,22 @@ def share_side_primal(
         ins = list(primals[:n])
         masks = list(primals[n : n + n_extra])
         values = list(primals[n + n_extra :])
+        # the primal through ``shared`` itself, not the side values: a
+        # derivative of this derivative (``jacrev(grad)``, a gradient
+        # penalty) differentiates the primal again and must meet this JVP
+        # again, not the side evaluation's own unguarded derivative (a
+        # padded row's ``sqrt'(0)`` in front of a shared ``dot_general``)
+        again = list(shared(*primals))
         live = live_tangent_indices(tangents[:n])
         if not live:
-            return values, [lax.full_like(v, 0) for v in values]
+            return again, [lax.full_like(v, 0) for v in values]
         _, t_out = jvp_in(
             lambda *args: list(compute(list(args), masks)),
             ins,
             live,
             [tangents[i] for i in live],
         )
-        return values, list(t_out)
+        return again, list(t_out)
 
     shared.defjvp(shared_jvp, symbolic_zeros=True)
     return list(shared(*invals, *extra, *side))
