@@ -235,6 +235,13 @@ class JaxprGraph:
             graph, atom = body, body.jaxpr.outvars[where[1]]
         return graph, atom
 
+    def same_value(self, atom, other_graph, other) -> bool:
+        """Whether ``atom`` here and ``other`` in ``other_graph`` hold one
+        value, seen through calls (:meth:`value_source`); literals never do."""
+        ga, a = self.value_source(atom)
+        gb, b = other_graph.value_source(other)
+        return ga is gb and not isinstance(a, Literal) and a is b
+
     def _folded(self, atom, eqn):
         """A small lane-wise op of known floating constants, evaluated while
         tracing: ``jnp.sqrt(depth)``, the scale Flax's attention divides

@@ -17,12 +17,12 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from hlo_guard.jax_frontend.binding import bind_eqn, jvp_in, live_tangent_indices
 from hlo_guard.jax_frontend.compat import primitive_jvp
+from hlo_guard.jax_frontend.graph import is_inexact_aval
 from hlo_guard.jax_frontend.mask_ops import to_guard_mask
 from hlo_guard.jax_frontend.shared_primal import share_side_primal
 
@@ -165,16 +165,14 @@ def bind_with_broadcast_guards(eqn, invals, masks):
                 t = lax_broadcast(t, out_shape)
                 t = lax.select(masks[i], t, lax.full_like(t, 0))
             live_tans[i] = t
-        if prim.name in _SAME_BITS_BROADCAST:
-            return _terms_jvp(prim, params, apply, [(vals, live)], live_tans)
-        if prim.name == "div":
-            # every term reads the broadcast operands broadcast and guarded
-            # (the divisor's own ``-dw * x / w**2`` at a dead ``x = log(0)``;
-            # with a broadcast numerator ``s / d``, ``-dd * s / d**2`` at a
-            # padded ``d = 0``), but the numerator's term ``dx / w`` with a
-            # broadcast divisor is written as XLA computes it
-            if 1 in masks and 0 in live:
-                return _division_jvp(prim, params, apply, primals, vals, live, live_tans, masks[1])
+        # a division's terms read the broadcast operands broadcast and
+        # guarded too (the divisor's own ``-dw * x / w**2`` at a dead ``x =
+        # log(0)``; with a broadcast numerator ``s / d``, ``-dd * s / d**2``
+        # at a padded ``d = 0``), but the numerator's term ``dx / w`` with a
+        # broadcast divisor is written as XLA computes it
+        if prim.name == "div" and 1 in masks and 0 in live:
+            return _division_jvp(prim, params, apply, primals, vals, live, live_tans, masks[1])
+        if prim.name in _SAME_BITS_BROADCAST or prim.name == "div":
             return _terms_jvp(prim, params, apply, [(vals, live)], live_tans)
         # other ops outside the same-bits list: the broadcast operands' own
         # terms read them broadcast and guarded, the other terms unbroadcast
@@ -255,7 +253,7 @@ def _dead_lanes_as_a_live_one(values, keep, shape):
     any_live = lax.reduce_or(flat, (0,))
     found = []
     for v in values:
-        if not jnp.issubdtype(v.dtype, jnp.inexact):
+        if not is_inexact_aval(v):
             found.append(v)
             continue
         if tuple(np.shape(v)) != tuple(shape):

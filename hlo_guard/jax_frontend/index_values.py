@@ -49,12 +49,6 @@ def _producing_eqn(graph, atom):
     return None if where is None else (graph, graph.eqns[where[0]])
 
 
-def _same_value(graph_a, a, graph_b, b) -> bool:
-    ga, a = graph_a.value_source(a)
-    gb, b = graph_b.value_source(b)
-    return ga is gb and not isinstance(a, Literal) and a is b
-
-
 def _is_zero(graph, atom) -> bool:
     graph, atom = graph.value_source(atom)
     value = atom.val if isinstance(atom, Literal) else graph.known_constant(atom)
@@ -124,7 +118,7 @@ def _normalised(graph, eqn, steps):
     test_graph, test = found
     if test.primitive.name != "lt" or not _is_zero(test_graph, test.invars[1]):
         return None
-    if not _same_value(test_graph, test.invars[0], graph, kept):
+    if not test_graph.same_value(test.invars[0], graph, kept):
         return None
     return iota_axis(graph, kept, steps)
 

@@ -222,7 +222,7 @@ def where_made_zero_factors(analysis) -> list[UnguardedSite]:
             other = eqn.invars[1 - i]
             if is_literal(other) or not selected_zero(graph, v):
                 continue
-            if _same_value(graph, v, other):
+            if graph.same_value(v, graph, other):
                 # ``h * h`` of ``h = where(c, sqrt(x), 0)``: in the zeroed
                 # lanes the other factor is that same zero, whose own
                 # derivative there is structurally zero (the where's
@@ -232,13 +232,6 @@ def where_made_zero_factors(analysis) -> list[UnguardedSite]:
                 found.append(UnguardedSite(node, WHERE_MADE_ZERO, out))
                 break
     return found
-
-
-def _same_value(graph, a, b) -> bool:
-    """Whether two atoms hold one value (seen through ``jnp``'s wrappers)."""
-    ga, a = graph.value_source(a)
-    gb, b = graph.value_source(b)
-    return ga is gb and not is_literal(a) and a is b
 
 
 WHERE_MADE_ZERO = (
