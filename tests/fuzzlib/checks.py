@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -220,6 +222,11 @@ def unguarded_reports(plain, args) -> tuple[bool, bool]:
     return bool(reverse), bool(reverse or forward)
 
 
+def _has_while_body(root) -> bool:
+    """Whether a node is computed in a ``while`` body (no reverse mode)."""
+    return any(isinstance(n, Body) and n.kind == "while" for n in nodes_of(root))
+
+
 def check_clean_implies_exact(root, x, y, s=None) -> str:
     """A program with bodies (:class:`fuzzlib.program.Body`): forward values
     bitwise the plain program's; and in each mode whose report is clean --
@@ -235,7 +242,7 @@ def check_clean_implies_exact(root, x, y, s=None) -> str:
         reverse_reported, forward_reported = unguarded_reports(plain, args)
         compared = []
         # (JAX cannot reverse-differentiate a while loop)
-        reversible = not any(isinstance(n, Body) and n.kind == "while" for n in nodes_of(root))
+        reversible = not _has_while_body(root)
         if reversible and not reverse_reported:
             _, ox, oy, os_ = oracle.value_and_grad(root, x, y, s)
             argnums = tuple(range(len(args)))
@@ -274,6 +281,10 @@ def _assembled(blocks, sizes) -> np.ndarray:
     return np.concatenate(flat, axis=0)
 
 
+def _with_last(fn, last, *args):
+    return fn(*args, last)
+
+
 def check_second_order(root, x, y, s=None, *, mode="fwd-over-rev", jit=False, guard=None) -> str:
     """Second order: the guarded program's Hessian of its summed output (in
     ``mode``, one of :data:`SECOND_ORDER_MODES`) equals the oracle's, every
@@ -307,9 +318,8 @@ def check_second_order(root, x, y, s=None, *, mode="fwd-over-rev", jit=False, gu
             return "oracle Hessian non-finite: not compared"
         sizes = [len(x), len(y)] + ([1] if with_s else [])
         loss = loss_of(guard(plain))
-        if len(args) == 3 and not with_s:
-            fixed_s = args[2]
-            loss = (lambda f: lambda a, b: f(a, b, fixed_s))(loss)
+        if len(args) == 3 and not with_s:  # s held at its value
+            loss = functools.partial(_with_last, loss, args[2])
             args = args[:2]
         second = SECOND_ORDER_MODES[mode](loss, argnums=argnums)
         got = _assembled((jax.jit(second) if jit else second)(*args), sizes)
@@ -331,8 +341,7 @@ def check_second_order_clean_implies_exact(root, x, y, s=None, *, mode, jit) -> 
     unguarded site (either mode), the second derivative is the oracle's
     (:func:`check_second_order`).  Reverse mode cannot go through a
     ``while`` body: such programs are compared in ``fwd-over-fwd`` only."""
-    has_while = any(isinstance(n, Body) and n.kind == "while" for n in nodes_of(root))
-    if has_while and mode != "fwd-over-fwd":
+    if _has_while_body(root) and mode != "fwd-over-fwd":
         return "while body: reverse mode not compared"
     plain = vectorized.as_function(root)
     reverse_reported, forward_reported = unguarded_reports(

@@ -202,6 +202,25 @@ def scalar_nodes(root) -> list:
     return list(found.values())
 
 
+def _scalar_keys(root) -> list:
+    """One key per copy of the scalar input: ``(id(Scalar node), lane)``."""
+    return [(id(node), i) for node in scalar_nodes(root) for i in range(node.length)]
+
+
+def _lanes(root, scalars, decisions, dtype, keys) -> list:
+    """The oracle's output lanes from one 0-d value per input lane: ``x``'s
+    ``N``, ``y``'s ``N``, then the scalar input's copies (``keys``)."""
+    copies = dict(zip(keys, scalars[2 * N :]))
+    return evaluate(root, scalars[:N], scalars[N : 2 * N], decisions, dtype, copies)
+
+
+def _summed(outs):
+    total = outs[0]
+    for o in outs[1:]:
+        total = total + o
+    return total
+
+
 def evaluate(root, xs, ys, decisions: dict, dtype=jnp.float32, s_copies=None) -> list:
     env = {"x": list(xs), "y": list(ys), "s": s_copies or {}}
     ev = LaneEvaluator(env, dtype, decisions)
@@ -221,15 +240,11 @@ def value_and_grad(root, x: np.ndarray, y: np.ndarray, s=None, *, jit: bool = Fa
     :func:`scalar_gradient` sums."""
     dtype = x.dtype
     decisions = decisions_of(root, x, y, s, jit=jit)
-    keys = [(id(node), i) for node in scalar_nodes(root) for i in range(node.length)]
+    keys = _scalar_keys(root)
 
     def loss(*scalars):
-        copies = dict(zip(keys, scalars[2 * N :]))
-        outs = evaluate(root, scalars[:N], scalars[N : 2 * N], decisions, dtype, copies)
-        total = outs[0]
-        for o in outs[1:]:
-            total = total + o
-        return total, jnp.stack(outs)
+        outs = _lanes(root, scalars, decisions, dtype, keys)
+        return _summed(outs), jnp.stack(outs)
 
     scalars = [jnp.asarray(v, dtype) for v in list(x) + list(y)]
     # float32 copies of the value every kind of ``s`` promotes to (exactly)
@@ -275,20 +290,15 @@ def hessian(root, x: np.ndarray, y: np.ndarray, s=None, *, with_s: bool = False)
     copy).  Branch decisions are the eager vectorised program's."""
     dtype = x.dtype
     decisions = decisions_of(root, x, y, s)
-    keys = [(id(node), i) for node in scalar_nodes(root) for i in range(node.length)]
+    keys = _scalar_keys(root)
 
-    def loss(flat):
-        copies = {key: flat[2 * N + k] for k, key in enumerate(keys)}
-        outs = evaluate(root, list(flat[:N]), list(flat[N : 2 * N]), decisions, dtype, copies)
-        total = outs[0]
-        for o in outs[1:]:
-            total = total + o
-        return total
+    def loss(*scalars):
+        return _summed(_lanes(root, scalars, decisions, dtype, keys))
 
     values = [jnp.asarray(v, dtype) for v in list(x) + list(y)]
     values += [jnp.asarray(s.value, dtype) for _ in keys]
     # one scalar per input lane, so the per-lane evaluation indexes scalars
-    flat_hessian = jax.hessian(lambda *lanes: loss(list(lanes)), argnums=tuple(range(len(values))))
+    flat_hessian = jax.hessian(loss, argnums=tuple(range(len(values))))
     rows = flat_hessian(*values)
     full = np.array([[np.asarray(h) for h in row] for row in rows], dtype=np.float64)
     if not with_s:
