@@ -92,20 +92,6 @@ def _force_matching(e):
     return lambda eps: jnp.sum((-jax.grad(e, 0)(R, eps) - F_REF) ** 2)
 
 
-@pytest.mark.parametrize("wrap", ["guard", "guarded_jit"])
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-def test_force_matching_through_a_guarded_energy(wrap, jit):
-    """``d/d eps`` of a loss on the forces ``-grad_r E``: the README says to
-    guard the function the inner ``grad`` differentiates."""
-    e = getattr(hlo_guard, wrap)(energy)
-    d = jax.grad(_force_matching(e))
-    d = jax.jit(d) if jit else d
-    want = np.asarray(jax.grad(_force_matching(energy_double_where))(jnp.float32(0.5)))
-    assert np.isfinite(want)
-    np.testing.assert_allclose(np.asarray(d(jnp.float32(0.5))), want, rtol=1e-6)
-    assert np.isnan(np.asarray(jax.grad(_force_matching(energy))(jnp.float32(0.5))))
-
-
 @pytest.mark.parametrize("mode", ["gradient", "value"])
 def test_a_numpyro_log_prob_with_scalar_parameters_under_second_order(mode):
     dist = pytest.importorskip("numpyro.distributions")
@@ -137,21 +123,53 @@ def lj_energy_double_where(r, sigma):
     return jnp.sum(jnp.where(PAIRS, (sigma / rs) ** 6, 0.0))
 
 
+#: name -> (energy, its double where, the parameter's value)
+ENERGIES = {
+    # d/d eps of a loss on the forces -grad_r E: the README says to guard the
+    # function the inner grad differentiates
+    "a_product_eps_r6": (energy, energy_double_where, 0.5),
+    # (sigma / r)**6, jax_md's Lennard-Jones idr = sigma / dr (numpyro's Levy
+    # scale / (x - loc)): the divisor's term -dr * sigma / r**2 read sigma
+    # unbroadcast, and its derivative in sigma summed the padded pair's
+    # 0 * inf (found 2026-11-27 by a user-style hunt)
+    "a_scalar_numerator_sigma_over_r": (lj_energy, lj_energy_double_where, 1.0),
+}
+
+
 @pytest.mark.parametrize("wrap", ["guard", "guarded_jit"])
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-def test_force_matching_in_a_scalar_numerator(wrap, jit):
-    """``d/d sigma`` of a loss on the forces of ``(sigma / r)**6`` (jax_md's
-    Lennard-Jones ``idr = sigma / dr``; numpyro's Levy ``scale / (x - loc)``)
-    with a padded pair at ``r = 0``: the divisor's term ``-dr * sigma / r**2``
-    read ``sigma`` unbroadcast, and its derivative in ``sigma`` summed the
-    padded pair's ``0 * inf`` (found 2026-11-27 by a user-style hunt)."""
-    e = getattr(hlo_guard, wrap)(lj_energy)
+@pytest.mark.parametrize("case", sorted(ENERGIES))
+def test_force_matching_through_a_guarded_energy(case, wrap, jit):
+    """``d/d p`` of a loss on the forces ``-grad_r E(r, p)``, a padded pair
+    at ``r = 0``: the double where's value, where plain JAX is NaN."""
+    plain, double_where, value = ENERGIES[case]
+    e = getattr(hlo_guard, wrap)(plain)
     d = jax.grad(_force_matching(e))
     d = jax.jit(d) if jit else d
-    want = np.asarray(jax.grad(_force_matching(lj_energy_double_where))(jnp.float32(1.0)))
+    want = np.asarray(jax.grad(_force_matching(double_where))(jnp.float32(value)))
     assert np.isfinite(want)
-    np.testing.assert_allclose(np.asarray(d(jnp.float32(1.0))), want, rtol=1e-6)
-    assert np.isnan(np.asarray(jax.grad(_force_matching(lj_energy))(jnp.float32(1.0))))
+    np.testing.assert_allclose(np.asarray(d(jnp.float32(value))), want, rtol=1e-6)
+    assert np.isnan(np.asarray(jax.grad(_force_matching(plain))(jnp.float32(value))))
+
+
+def test_a_taken_zero_distance_stays_a_genuine_singularity_at_second_order():
+    """The same force matching with one pair at ``r = 0`` *kept* (the other
+    still padded, so the guards are in place): its force is infinite on a
+    taken path, and the second derivative must stay non-finite, as in the
+    double where -- no guard hides it."""
+    keep = jnp.asarray([True, True, True, False])
+
+    def one_taken(r, sigma):
+        return jnp.sum(jnp.where(keep, (sigma / r) ** 6, 0.0))
+
+    def one_taken_double_where(r, sigma):
+        return jnp.sum(jnp.where(keep, (sigma / jnp.where(keep, r, 1.0)) ** 6, 0.0))
+
+    d = lambda e: jax.grad(_force_matching(e))(jnp.float32(1.0))  # noqa: E731
+    assert not np.isfinite(np.asarray(d(one_taken_double_where)))
+    assert hlo_guard.explain(one_taken, R, jnp.float32(1.0)).guards
+    for wrap in (hlo_guard.guard, hlo_guard.guarded_jit):
+        assert not np.isfinite(np.asarray(d(wrap(one_taken))))
 
 
 T_DATA = jnp.asarray([0.5, jnp.inf, -1.5])  # inf: padding
