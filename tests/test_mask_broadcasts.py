@@ -112,6 +112,46 @@ def test_reshape_of_a_broadcast(shape, dims, new):
     np.testing.assert_array_equal(got, np.reshape(bcast(src, shape, dims), new))
 
 
+@pytest.mark.parametrize(
+    "axes,keepdims",
+    [((2,), False), ((2,), True), ((0, 1), False), ((0, 1, 2), False), ((1,), True), ((0,), False)],
+)
+def test_any_over_whole_merged_axes_of_a_reshaped_broadcast_reduces_the_source(axes, keepdims):
+    """A per-head mask ``[B, T, H]`` spread over the head's features and merged
+    into ``[B, T, H * Dh]`` (a projection's output mask): ``any`` over whole
+    merged axes reads the small source; the merged array is never reduced
+    (XLA made a reduce-window kernel of each such reduction)."""
+    src = RNG.random((2, 8, 3)) > 0.6
+    shape, dims, merged = (2, 8, 3, 4), (0, 1, 2), (2, 8, 12)
+
+    def f(s):
+        m = lax_ops.reshape(lax_ops.broadcast_in_dim(s, shape, dims), merged)
+        return lax_ops.any(m, axis=axes, keepdims=keepdims)
+
+    got, jaxpr = traced(f, src)
+    want = np.any(np.reshape(bcast(src, shape, dims), merged), axis=axes, keepdims=keepdims)
+    np.testing.assert_array_equal(got, want)
+    for e in jaxpr.eqns:
+        if e.primitive.name == "reduce_or":
+            assert e.invars[0].aval.shape == src.shape
+
+
+def test_any_across_part_of_a_merged_axis_is_still_right():
+    """Reducing a split axis of a reshaped broadcast only in part cannot be
+    moved to the source; the result is still the numpy one."""
+    src = RNG.random((2, 3)) > 0.5
+    shape, dims = (2, 3, 4), (0, 1)
+
+    def f(s):
+        m = lax_ops.reshape(lax_ops.broadcast_in_dim(s, shape, dims), (2, 6, 2))
+        return lax_ops.any(m, axis=(1,))
+
+    got, _ = traced(f, src)
+    np.testing.assert_array_equal(
+        got, np.any(np.reshape(bcast(src, shape, dims), (2, 6, 2)), axis=1)
+    )
+
+
 @pytest.mark.parametrize("perm", list(itertools.permutations(range(3))))
 def test_transpose_of_a_broadcast(perm):
     src = RNG.random((2, 4)) > 0.5

@@ -85,6 +85,16 @@ _BROADCASTS = _Broadcasts()
 #: is never used.
 _WITHIN = _Broadcasts()
 
+#: Masks that are a reshape of a recorded broadcast which the reshape could not
+#: keep a broadcast: ``out = reshape(broadcast, shape of out)``, the entry's
+#: ``dims`` holding the broadcast's shape.  A projection's output mask is the
+#: typical one: a per-head mask ``[B, T, H]`` spread over the head's features
+#: ``[B, T, H, Dh]`` and merged back into ``[B, T, H * Dh]``.  Its ``any``
+#: over whole merged axes (a ``dot_general`` operand's row or column mask) is
+#: then the ``any`` of the small source, where reducing the merged array
+#: costs XLA a reduce-window kernel per reading.
+_RESHAPED = _Broadcasts()
+
 
 def record_within(mask, source, dims):
     """Note that ``mask`` lies within ``broadcast_in_dim(source, shape of
@@ -259,6 +269,12 @@ class _LaxOps:
         )
         if all(shape[d] == 1 for d in axes):  # nothing to reduce
             return _LaxOps.reshape(a, out_shape)
+        reshaped = _RESHAPED.of(a)
+        if reshaped is not None and axes:
+            pre_axes = _axes_before_reshape(reshaped[1], shape, axes)
+            if pre_axes is not None:
+                small = _LaxOps.any(reshaped[0], pre_axes)
+                return _LaxOps.reshape(small, out_shape)
         found = _BROADCASTS.of(a)
         if found is not None and axes:
             # any() over a broadcast axis is the source itself: reduce only the
@@ -282,11 +298,15 @@ class _LaxOps:
         shape = tuple(shape)
         if np.shape(a) == shape:
             return a
+        reshaped = _RESHAPED.of(a)
+        if reshaped is not None:  # a reshape of a reshape: one reshape of the broadcast
+            return _LaxOps.reshape(reshaped[0], shape)
         found = _BROADCASTS.of(a)
         if found is not None:
             moved = _reshape_broadcast(found[0], found[1], tuple(np.shape(a)), shape)
             if moved is not None:
                 return moved
+            return _RESHAPED.record(lax.reshape(a, shape), a, tuple(np.shape(a)))
         out = lax.reshape(a, shape)
         old = tuple(np.shape(a))
         kept = [d for d, n in enumerate(shape) if n != 1]
@@ -350,6 +370,24 @@ def _reshape_groups(old, new):
                 j += 1
         groups.append((gi, gj))
     return groups
+
+
+def _axes_before_reshape(old, new, axes):
+    """The axes of ``old`` that a reduction over ``axes`` of ``new`` (a
+    reshape of ``old``) reduces, when ``axes`` cover whole groups of merged or
+    split axes; None when they cut through one."""
+    groups = _reshape_groups(old, new)
+    if groups is None:
+        return None
+    reduced = set(axes)
+    before: list[int] = []
+    for gi, gj in groups:
+        real = {d for d in gj if new[d] != 1}
+        if real and real <= reduced:
+            before.extend(gi)
+        elif real & reduced:
+            return None
+    return tuple(before)
 
 
 def _reshape_broadcast(source, dims, old, new):
