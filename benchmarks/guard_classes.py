@@ -10,17 +10,19 @@ human writes as the inner ``where``:
   dead lanes are zeroed in the other operand's derivative term, because a dead
   row's *value* (an inf in a padded token) would otherwise meet the row's exact
   zero cotangent there (the hand double where does not do this);
-* **forward-mode output guards**: a select after an op whose tangent may turn
-  a structurally zero tangent lane into NaN (``jvp``/``jacfwd`` need them; the
-  reverse-mode program carries them too, since ``grad`` transposes the JVP).
+* **forward-mode output guards**: a tangent mask after an op whose tangent may
+  turn a structurally zero tangent lane into NaN (``jvp``/``jacfwd`` need them).
+  They transpose to nothing (:mod:`hlo_guard.jax_frontend.tangent_guard`), so
+  a gradient program carries none of them; until 2026-11-27 (twentieth
+  session) it carried a select per output guard (attention: 875 -> 754), and
+  this script had a column without them.
 
 This script compiles each workload's gradient with all guards, then without
-the contraction guards, then also without the output guards, and prints the
-optimized HLO instruction counts beside the unguarded program and the hand
-double where.  The variants without a class are *not correct programs* (they
-may give NaN where the contract promises zero): they only show what each class
-costs.  It reaches into the front end's plan (``plan.GUARDED_CONTRACTIONS``,
-``plan.plan_output_guards``) and says so if those moved.
+the contraction guards, and prints the optimized HLO instruction counts beside
+the unguarded program and the hand double where.  The variant without them is
+*not a correct program* (it may give NaN where the contract promises zero): it
+only shows what the class costs.  It reaches into the front end's plan
+(``plan.GUARDED_CONTRACTIONS``) and says so if that moved.
 
     python benchmarks/guard_classes.py [--size quick|tiny|full] [workload ...]
 """
@@ -46,18 +48,15 @@ def _instructions(fn, args) -> tuple[int, int]:
 
 
 @contextmanager
-def _without(contractions: bool, outputs: bool):
+def _without_contraction_guards():
     from hlo_guard.jax_frontend import plan
 
-    saved = plan.GUARDED_CONTRACTIONS, plan.plan_output_guards
+    saved = plan.GUARDED_CONTRACTIONS
     try:
-        if contractions:
-            plan.GUARDED_CONTRACTIONS = frozenset()
-        if outputs:
-            plan.plan_output_guards = lambda backward, forward: []
+        plan.GUARDED_CONTRACTIONS = frozenset()
         yield
     finally:
-        plan.GUARDED_CONTRACTIONS, plan.plan_output_guards = saved
+        plan.GUARDED_CONTRACTIONS = saved
 
 
 def measure(name: str, size: str) -> dict:
@@ -73,14 +72,12 @@ def measure(name: str, size: str) -> dict:
         "double where": _instructions(workload.loss_dw, args),
         "guarded": _instructions(hlo_guard.guard(workload.loss), args),
     }
-    with _without(contractions=True, outputs=False):
+    with _without_contraction_guards():
         row["no contraction guards"] = _instructions(hlo_guard.guard(workload.loss), args)
-    with _without(contractions=True, outputs=True):
-        row["boundary guards only"] = _instructions(hlo_guard.guard(workload.loss), args)
     return row
 
 
-COLUMNS = ("unguarded", "double where", "guarded", "no contraction guards", "boundary guards only")
+COLUMNS = ("unguarded", "double where", "guarded", "no contraction guards")
 
 
 def render(rows: list[dict]) -> str:
@@ -103,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from hlo_guard.jax_frontend import plan
 
-        plan.GUARDED_CONTRACTIONS, plan.plan_output_guards  # noqa: B018
+        plan.GUARDED_CONTRACTIONS  # noqa: B018
     except (ImportError, AttributeError) as exc:
         print(f"the front end's plan moved ({exc}); nothing measured", file=sys.stderr)
         return 1

@@ -203,6 +203,34 @@ def test_checks_fail_on_plain_jax_and_pass_guarded(name):
     check_forward_mode(root, X, Y, S)
 
 
+#: inputs without ties or genuine singularities, where a program that leaks
+#: only in forward mode is comparable (``check_forward_mode`` skips programs
+#: whose oracle derivative or forward value is not finite anywhere)
+XF = np.array([-1.0, 0.5, 2.0, -3.0], np.float32)
+YF = np.array([0.5, -2.0, 0.25, 3.0], np.float32)
+
+#: programs whose plain JAX *forward-mode* derivative has a dead-lane NaN at
+#: (XF, YF) while reverse mode is exact: ``maximum``/``clip`` multiply the
+#: losing lane's tangent by 0, and the singular op after them makes that NaN
+#: (what the forward-mode output guards are for)
+LEAKING_FORWARD = {
+    "sqrt-of-maximum": Unary("sqrt", Binary("maximum", Leaf("x"), Const(0.0, 1))),
+    "log-of-clip": Unary("log", Clip(Leaf("y"), Const(0.0, 1), Const(1.0, 1))),
+    "arccos-of-clip-times-x": Binary(
+        "mul", Unary("arccos", Clip(Leaf("y"), Const(-1.0, 1), Const(1.0, 1))), Leaf("x")
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKING_FORWARD))
+def test_forward_check_fails_on_plain_jax_and_passes_guarded(name):
+    root = LEAKING_FORWARD[name]
+    with pytest.raises(AssertionError, match="oracle"):
+        check_forward_mode(root, XF, YF, guard=lambda f: f)
+    check_forward_mode(root, XF, YF)
+    check_program(root, XF, YF, jit=True)
+
+
 @pytest.mark.parametrize("kind", SCALAR_KINDS)
 def test_every_kind_of_scalar_input_leaks_in_plain_jax_and_is_exact_guarded(kind):
     """``s * log(v)`` where ``x > 0``, ``v`` a constant vector with a 0 in a
@@ -311,3 +339,18 @@ def test_second_order_check_fails_on_plain_jax_and_passes_guarded(name):
         assert check_second_order(root, X, Y, S, mode=mode) == f"{mode} compared"
         assert check_second_order(root, X, Y, S, mode=mode, jit=True) == f"{mode} jit compared"
     assert "rev-over-rev" in failed and "fwd-over-rev" in failed
+
+
+@pytest.mark.parametrize("name", sorted(LEAKING_FORWARD))
+def test_forward_leaks_are_caught_at_second_order(name):
+    """The forward-only leaks leak in every second-order mode of plain JAX, and
+    the guard is exact in each.  ``arccos(clip(y, -1, 1)) * x`` under
+    ``rev-over-rev`` holds the derivative of the output guard's cotangent
+    (``tangent_guard.cotangent_guard``): with a plain identity there, ``x``'s
+    cotangent ``arccos(...)`` meets ``arccos'(1) = inf`` in the clipped lanes."""
+    root = LEAKING_FORWARD[name]
+    for mode in sorted(SECOND_ORDER_MODES):
+        with pytest.raises(AssertionError, match="oracle"):
+            check_second_order(root, XF, YF, mode=mode, guard=lambda f: f)
+        assert check_second_order(root, XF, YF, mode=mode) == f"{mode} compared"
+        assert check_second_order(root, XF, YF, mode=mode, jit=True) == f"{mode} jit compared"

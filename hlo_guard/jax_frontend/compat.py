@@ -32,6 +32,8 @@ import contextlib
 import threading
 from typing import Any
 
+import numpy as np
+
 _local = threading.local()
 _STAGING: dict[str, bool | None] = {"installed": None}
 
@@ -332,6 +334,33 @@ def primitive_jvp(prim):
         return ad_util.Zero(jax.typeof(x).to_tangent_aval())
 
     return rule, zero, ad_util.Zero
+
+
+def define_masking_primitive(name: str, impl, jvp, transpose):
+    """A new primitive ``name(mask, x)`` whose output has ``x``'s type, with
+    ``impl`` as its evaluation and lowering, the given JVP and transpose
+    rules, and a batching rule that moves both operands' batch axes to the
+    front.  Defining a primitive is JAX's documented extension point ("How
+    JAX primitives work"); the rule tables it fills are internal, so it is
+    done here.  ``jvp(primals, tangents, zero_type)`` receives JAX's
+    symbolic-zero type to test tangents against."""
+    from jax._src.interpreters import ad, batching, mlir
+    from jax.extend.core import Primitive
+
+    prim = Primitive(name)
+    prim.def_impl(impl)
+    prim.def_abstract_eval(lambda mask, x: x)
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
+    ad.primitive_jvps[prim] = lambda primals, tangents: jvp(primals, tangents, ad.Zero)
+    ad.primitive_transposes[prim] = transpose
+
+    def batch(args, dims):
+        size = next(np.shape(a)[d] for a, d in zip(args, dims) if d is not None)
+        mask, x = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims))
+        return prim.bind(mask, x), 0
+
+    batching.primitive_batchers[prim] = batch
+    return prim
 
 
 def custom_jvp_rule_jaxpr(eqn, tangent_is_zero: list[bool]):

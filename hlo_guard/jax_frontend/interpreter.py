@@ -69,6 +69,7 @@ from hlo_guard.jax_frontend.staged_bodies import (
     finish_like_a_run,
     skipped_nothing,
 )
+from hlo_guard.jax_frontend.tangent_guard import tangent_guarded
 from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis
 from passes.lattice import LIVE
@@ -223,7 +224,7 @@ class Scope:
             return y
         if mask is NONE:
             return stopped(y)
-        return guarded(mask, y)
+        return tangent_guarded(mask, y)
 
     def child_masks(self, node: int, k: int, out_masks, analysis: Analysis | None = None) -> Scope:
         """A mask-only scope over the body of call ``node``, reading its inputs

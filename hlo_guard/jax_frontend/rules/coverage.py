@@ -199,8 +199,13 @@ ONLY_IN_SOME_VERSIONS: dict[str, str] = {
 }
 
 
-#: Primitives a library other than JAX defines, which the rule table keys on
-#: (the library may not be installed, so JAX's own list never holds them).
+#: Primitives defined outside JAX (by another library, or by hlo_guard itself),
+#: which the rule table keys on: JAX's own list never holds them.
 LIBRARY_PRIMITIVES: dict[str, str] = {
     "nondifferentiable_backward": "equinox.internal (every optimistix solve): the identity",
+    # hlo_guard's own forward-mode output guard, met when a guarded program is
+    # analysed again (hlo_guard/jax_frontend/tangent_guard.py)
+    "tangent_guard": "hlo_guard: the identity; its JVP masks the tangent",
+    "tangent_mask": "hlo_guard: a tangent masked by a select; transposes to cotangent_guard",
+    "cotangent_guard": "hlo_guard: the identity on a cotangent; differentiates to a select",
 }

@@ -14,6 +14,8 @@ its ``where`` would silently switch every guard off.
 from __future__ import annotations
 
 from hlo_guard.jax_frontend.rules.base import JaxRule
+from passes.lattice import NO_DERIVATIVE
+from passes.masks import NONE
 
 
 class PassThrough(JaxRule):
@@ -54,3 +56,33 @@ PASS_THROUGH = [
 
 def register(table):
     table.register(PASS_THROUGH, PassThrough())
+    table.register(MASKED_PASS_THROUGH, MaskedPassThrough())
+
+
+class MaskedPassThrough(JaxRule):
+    """hlo_guard's own forward-mode output guard (:mod:`tangent_guard`),
+    met when a guarded program is analysed again (a guarded function called
+    inside another one, a ``jvp`` inside a guarded function): ``(mask, x)``
+    to ``x``'s value, or to its masked tangent.  Both transpose to the
+    identity, so lanes pass through from operand 1 as through an identity;
+    the mask operand carries no derivative."""
+
+    lane_local = True
+    kind = "pass-through"
+    guards = False
+
+    def transfer(self, analysis, node, outs):
+        return [NO_DERIVATIVE, outs[0]]
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        return [NONE, out_masks[0]]
+
+    def forward(self, fa, node, ins):
+        return [ins[1]]
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        return [in_masks[1]]
+
+
+#: ``(mask, x)`` to ``x`` or its masked tangent (:mod:`tangent_guard`)
+MASKED_PASS_THROUGH = ["tangent_guard", "tangent_mask", "cotangent_guard"]
