@@ -676,8 +676,12 @@ def test_contraction_guards_are_listed_with_the_operand_they_zero():
 
     report = explain(padded_rows, w, d)
     zeroed = [s for s in report.guards if s.mode == "contraction"]
-    assert [(s.primitive, s.operand) for s in zeroed] == [("dot_general", 0), ("dot_general", 1)]
-    assert report.counts()["contraction"] == 2
+    # ``w`` lives or dies with the rows all together (a one-bit mask): the
+    # rewrite leaves its zeroing out, and its boundary guard, and explain
+    # says so in a note instead of listing them (docs/PLACEMENT.md)
+    assert [(s.primitive, s.operand) for s in zeroed] == [("dot_general", 0)]
+    assert report.counts()["contraction"] == 1
+    assert "2 planned guard(s) left out: operands of a contraction" in str(report)
     assert "[contraction: the other operand's derivative reads its dead lanes as zero]" in str(
         report
     )

@@ -72,17 +72,25 @@ def build_report(progs: Programs) -> ExplainReport:
     input_names = dict(zip(progs.program.closed_jaxpr.jaxpr.invars, progs.leaf_names()))
     explainer = _Explainer(tree, Renderer(tree, input_names), progs.guarded.mode)
     sites: list[SiteInfo] = []
+    covered = 0
     for a in tree.analyses():
         if not plan_of(a).mask_only:  # a custom call's body: masks only, never guarded
             sites.extend(explainer.scope_sites(a))
+            covered += len(plan_of(a).record.covered)
     dumps = ProgramDumps(progs)
-    hint = _aux_hint(progs)
+    notes = [hint] if (hint := _aux_hint(progs)) else []
+    if covered:
+        notes.append(
+            f"{covered} planned guard(s) left out: operands of a contraction whose lanes live "
+            "or die together (when they are dead, so is everything the contraction reads; "
+            "docs/PLACEMENT.md)"
+        )
     report = ExplainReport(
         framework="jax",
         function=function_name(progs.guarded.fn),
         sites=sites,
         signature=progs.signature(),
-        notes=[hint] if hint else [],
+        notes=notes,
         _dumps=dumps.show,
     )
     return report
@@ -159,6 +167,7 @@ class _Explainer:
             plan_of(analysis).record.skipped,
             key=lambda t: (t[0], "" if t[1] is None else repr(t[1])),
         )
+        covered = plan_of(analysis).record.covered
         skipped_uses = {(n, i) for n, i, _ in skipped}
         passed_skip = self.passed_masks_skipped(analysis)
         for site in guards:
@@ -205,6 +214,8 @@ class _Explainer:
             )
             if (site.node, site.index) in skipped_uses:
                 continue  # reported below as skipped, not as a guard
+            if (site.node, site.index) in covered:
+                continue  # left out by the rewrite: counted in a note
             out.append(record)
         out.extend(self.output_sites(analysis, skipped_uses))
         out.extend(self.contraction_sites(analysis, skipped_uses))
@@ -352,6 +363,7 @@ class _Explainer:
         An operand that carries no derivative takes its dead lanes from the
         contraction's output."""
         graph = analysis.graph
+        covered = plan_of(analysis).record.covered
         out: list[SiteInfo] = []
         for node in sorted(plan_of(analysis).guarded_contractions):
             eqn = graph.eqns[node]
@@ -359,7 +371,7 @@ class _Explainer:
             for i, v in enumerate(eqn.invars):
                 if isinstance(v, Literal) or not is_inexact_aval(v.aval):
                     continue
-                if (node, i) in skipped_uses:
+                if (node, i) in skipped_uses or (node, ("contraction", i)) in covered:
                     continue
                 lv = analysis.use(node, i)
                 if lv.is_live:

@@ -275,6 +275,7 @@ class Scope:
         if self.mode == "value" or isinstance(atom, Literal):
             return self.guard(node, site, x)
         if self._contraction_covers(node, site):
+            self.record.covered.add((node, site.index))
             return x
         key = (atom, guard_sharing_key(self.analysis, node, site.index))
         found = self._shared_guards.get(key)
@@ -422,6 +423,7 @@ class Scope:
                 self.record.skip(node, i, str(exc))
                 continue
             if one_bit_free and is_one_bit(mask):
+                self.record.covered.add((node, ("contraction", i)))
                 continue
             if mask is NONE:
                 mask = np.zeros(tuple(v.aval.shape), bool)

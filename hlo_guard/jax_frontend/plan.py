@@ -73,6 +73,11 @@ class RewriteRecord:
     """What guarded evaluations of one jaxpr found out."""
 
     skipped: set[SkippedGuard] = field(default_factory=set)
+    #: planned guards a rewrite left out because the contraction they belong
+    #: to covers them (``Scope._contraction_covers``, a boundary guard: ``(node,
+    #: index)``; a contraction operand whose mask is one bit: ``(node,
+    #: ("contraction", index))``); ``explain`` does not list them as guards
+    covered: set[tuple[int, Any]] = field(default_factory=set)
     #: modes (``"gradient"``, ``"value"``) some evaluation ran to the end in;
     #: ``skipped`` is complete for those
     finished: set[str] = field(default_factory=set)
