@@ -228,3 +228,45 @@ def test_remat_and_scan_bodies_keep_the_guard(wrap, mode):
     want = d(wrap(sqrt_of_positive_part_oracle))(X)
     for guarded in (wrap(guard(sqrt_of_positive_part)), guard(wrap(sqrt_of_positive_part))):
         np.testing.assert_allclose(d(guarded)(X), want, rtol=1e-6)
+
+
+IDX = jnp.array([1, 7, 2, -9])
+#: which lanes of ``take(..., IDX, mode="fill")`` read the operand (in bounds)
+READ = jnp.array([True, False, True, False])
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "hessian", "jacfwd_jacfwd", "jacrev_jacfwd", "grad"])
+@pytest.mark.parametrize(
+    "op, fill",
+    [(jnp.sqrt, 0.0), (jnp.cbrt, 0.0), (jnp.arcsin, 1.0), (lambda v: v**0.5, 0.0)],
+    ids=["sqrt", "cbrt", "arcsin", "pow"],
+)
+def test_the_fill_of_a_gather_is_tangent_dead(op, fill, mode):
+    """``jnp.take(..., mode="fill")`` places a constant where an index is out
+    of bounds: a structurally zero tangent, which a singular op at the fill
+    value turned into NaN in forward mode -- with a clean report -- because
+    the gather's output counted as fully tangent-live.  The oracle selects
+    the read lanes by hand (the double where; the same forward values)."""
+
+    def f(x):
+        return jnp.sum(op(jnp.take(x**2 / 16.0, IDX, mode="fill", fill_value=fill)) * x)
+
+    def oracle(x):
+        y = jnp.take(x**2 / 16.0, IDX, mode="fill", fill_value=fill)
+        return jnp.sum(jnp.where(READ, op(jnp.where(READ, y, 0.25)), op(fill)) * x)
+
+    assert_like_double_where(DERIVATIVES[mode], f, oracle, X)
+
+
+def test_a_filled_lane_read_genuinely_at_zero_stays_singular():
+    """An in-bounds lane whose value is 0 keeps ``sqrt'(0) = inf`` in forward
+    mode: the fill's guard masks only the filled lanes."""
+    x = X.at[1].set(0.0)
+
+    def f(x):
+        return jnp.sum(jnp.sqrt(jnp.take(x**2, IDX, mode="fill", fill_value=0.0)))
+
+    got = jax.jvp(guard(f), (x,), (jnp.ones_like(x),))[1]
+    assert not np.isfinite(np.asarray(got))
+    want = jax.jacfwd(guard(f))(X.at[1].set(0.5))
+    np.testing.assert_allclose(want, [0.0, 1.0, 1.0, 0.0], rtol=1e-6)

@@ -373,12 +373,39 @@ class _Gather(Structural):
         covered = (axes, aval_shape(eqn.invars[0]))
         return [Liveness(lv.level, lv.origins, None, covered), *found[1:]]
 
+    def forward(self, fa, node, ins):
+        """As any structural op -- except that ``mode="fill"``
+        (``jnp.take(..., mode="fill")``, ``.at[i].get(mode="fill")``) places
+        its fill value where an index is out of bounds: a constant, whose
+        tangent is structurally zero.  The output is then partly tangent-dead
+        even when the operand is fully live, so a singular op after it gets
+        its forward-mode output guard (``sqrt`` of the filled zeros:
+        ``jacfwd`` was NaN with a clean report).  Which lanes are filled is
+        known only from the indices' values; the tangent masks (JAX's JVP of
+        the gather, which fills the tangent with zeros) find them."""
+        found = super().forward(fa, node, ins)
+        if not _fills(fa.graph.eqns[node]):
+            return found
+        lv = found[0]
+        if lv.is_live:
+            lv = Liveness(Level.PARTIAL).with_origin(fa.graph.origin(node))
+        elif lv.level is Level.PARTIAL:
+            lv = lv.with_origin(fa.graph.origin(node))
+        return [lv] * len(found)
+
     def input_masks(self, mctx, node, eqn, out_masks):
         found = super().input_masks(mctx, node, eqn, out_masks)
         bound = _batch_row_bound(eqn, out_masks[0])
         if bound is not None and not is_static(found[0]) and found[0] is not NONE:
             record_within(found[0], *bound)
         return found
+
+
+def _fills(eqn) -> bool:
+    """Whether a gather may place its fill value (``mode="fill"``)."""
+    from jax.lax import GatherScatterMode
+
+    return eqn.params.get("mode") == GatherScatterMode.FILL_OR_DROP
 
 
 def _lines_read(graph, eqn) -> frozenset | None:
