@@ -148,3 +148,26 @@ def test_sharded_input_under_set_mesh():
         for got in (jax.grad(f)(x), jax.jit(jax.grad(f))(x)):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
             np.testing.assert_array_equal(np.asarray(got)[:9], 0.0)  # dead lanes and x == 0
+
+
+@pytest.mark.parametrize("mode", ["grad", "jacfwd"])
+def test_relu_before_a_singular_op(mesh, mode):
+    """``relu`` is a ``custom_jvp``: its rule is probed for its tangent masks
+    with a probe tangent that must vary over the body's manual axes as the
+    operand does (it did not: "select_n requires varying manual axes to
+    match", a crash of ``guard`` in every such body)."""
+
+    def f(x):
+        return jnp.sum(jnp.sqrt(jax.nn.relu(x)) * x)
+
+    def oracle(x):
+        pos = x > 0
+        return jnp.sum(jnp.where(pos, jnp.sqrt(jnp.where(pos, x, 1.0)), 0.0) * x)
+
+    d = {"grad": jax.grad, "jacfwd": jax.jacfwd}[mode]
+    xs = XS.at[1].set(-0.5).at[4].set(0.7).at[9].set(-3.0).at[10].set(2.5).at[14].set(-1.0)
+
+    def run(fn):
+        return jax.jit(_smap(mesh, lambda x: d(fn)(x), (P("i"),), P("i")))(xs)
+
+    np.testing.assert_allclose(run(guard(f)), run(oracle), rtol=1e-6)

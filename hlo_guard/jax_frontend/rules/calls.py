@@ -905,6 +905,7 @@ def probe_rule_tangents(mctx, eqn, in_masks):
         aval = eqn.invars[k].aval
         lanes = materialize(in_masks[k], tuple(aval.shape))
         tangent = jax.numpy.where(lanes, jax.numpy.nan, 1).astype(aval.dtype)
+        tangent = tangent + jax.numpy.zeros_like(vals[k])  # its varying axes (shard_map)
         outs = _rule_tangents(eqn, vals, k, tangent)
         if outs is None:
             _, outs = jvp_in(lambda *args: bind_eqn(eqn, list(args)), vals, [k], [tangent])
