@@ -98,6 +98,15 @@ class OriginToken:
         return f"{self.eqn.primitive.name}#{self.node}"
 
 
+def _static_size_at_most(shape) -> bool:
+    """Whether ``shape`` has integer sizes (not symbolic ones: ``jax.export``
+    with a shape variable ``n``, whose comparison with a number raises) and
+    at most :data:`_FOLDED_MAX_SIZE` elements."""
+    if not all(isinstance(d, (int, np.integer)) for d in shape):
+        return False
+    return math.prod(shape) <= _FOLDED_MAX_SIZE
+
+
 class JaxprGraph:
     """Adapter of one (open) jaxpr.  ``scope`` names the nesting for reports."""
 
@@ -252,7 +261,7 @@ class JaxprGraph:
         self._folded_values[atom] = None  # no re-entry while evaluating
         out = eqn.outvars[0].aval
         dtype = np.dtype(out.dtype)
-        if not np.issubdtype(dtype, np.floating) or math.prod(out.shape) > _FOLDED_MAX_SIZE:
+        if not np.issubdtype(dtype, np.floating) or not _static_size_at_most(out.shape):
             return None
         vals = [self.known_constant(v) for v in eqn.invars]
         if any(v is None for v in vals):
