@@ -342,8 +342,9 @@ def define_masking_primitive(name: str, impl, jvp, transpose):
     rules, and a batching rule that moves both operands' batch axes to the
     front.  Defining a primitive is JAX's documented extension point ("How
     JAX primitives work"); the rule tables it fills are internal, so it is
-    done here.  ``jvp(primals, tangents, zero_type)`` receives JAX's
-    symbolic-zero type to test tangents against."""
+    done here.  ``jvp(prim, primals, tangents, zero_type)`` and
+    ``transpose(ct, mask, x, zero_type)`` receive JAX's symbolic-zero type
+    to test tangents and cotangents against (and the JVP the primitive)."""
     from jax._src.interpreters import ad, batching, mlir
     from jax.extend.core import Primitive
 
@@ -351,8 +352,8 @@ def define_masking_primitive(name: str, impl, jvp, transpose):
     prim.def_impl(impl)
     prim.def_abstract_eval(lambda mask, x: x)
     mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
-    ad.primitive_jvps[prim] = lambda primals, tangents: jvp(primals, tangents, ad.Zero)
-    ad.primitive_transposes[prim] = transpose
+    ad.primitive_jvps[prim] = lambda primals, tangents: jvp(prim, primals, tangents, ad.Zero)
+    ad.primitive_transposes[prim] = lambda ct, mask, x: transpose(ct, mask, x, ad.Zero)
 
     def batch(args, dims):
         size = next(np.shape(a)[d] for a, d in zip(args, dims) if d is not None)

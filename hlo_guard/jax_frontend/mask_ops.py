@@ -87,7 +87,7 @@ _WITHIN = _Broadcasts()
 
 #: Masks that are a reshape of a recorded broadcast which the reshape could not
 #: keep a broadcast: ``out = reshape(broadcast, shape of out)``, the entry's
-#: ``dims`` holding the broadcast's shape.  A projection's output mask is the
+#: source being that broadcast (its ``dims`` are unused).  A projection's output mask is the
 #: typical one: a per-head mask ``[B, T, H]`` spread over the head's features
 #: ``[B, T, H, Dh]`` and merged back into ``[B, T, H * Dh]``.  Its ``any``
 #: over whole merged axes (a ``dot_general`` operand's row or column mask) is
@@ -271,7 +271,7 @@ class _LaxOps:
             return _LaxOps.reshape(a, out_shape)
         reshaped = _RESHAPED.of(a)
         if reshaped is not None and axes:
-            pre_axes = _axes_before_reshape(reshaped[1], shape, axes)
+            pre_axes = _axes_before_reshape(np.shape(reshaped[0]), shape, axes)
             if pre_axes is not None:
                 small = _LaxOps.any(reshaped[0], pre_axes)
                 return _LaxOps.reshape(small, out_shape)
@@ -306,7 +306,7 @@ class _LaxOps:
             moved = _reshape_broadcast(found[0], found[1], tuple(np.shape(a)), shape)
             if moved is not None:
                 return moved
-            return _RESHAPED.record(lax.reshape(a, shape), a, tuple(np.shape(a)))
+            return _RESHAPED.record(lax.reshape(a, shape), a, ())
         out = lax.reshape(a, shape)
         old = tuple(np.shape(a))
         kept = [d for d, n in enumerate(shape) if n != 1]

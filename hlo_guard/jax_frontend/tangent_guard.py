@@ -14,9 +14,9 @@ A reverse pass does not need it.  A lane the forward analysis finds
 tangent-dead depends on no differentiated input; its cotangent flows back
 only into the lanes it was computed from, which are tangent-dead too, and
 where a selection made them so, the reverse boundary guards discard it
-(docs/PLACEMENT.md, "Forward-mode output guards carry nothing in reverse").
+(docs/PLACEMENT.md, "What a reverse pass sees of an output guard").
 So the tangent mask here is a primitive of its own, :data:`tangent_mask_p`,
-whose transpose is the identity: a JVP (``jvp``, ``jacfwd``, ``linearize``)
+whose transpose is the identity (:data:`cotangent_guard_p`): a JVP (``jvp``, ``jacfwd``, ``linearize``)
 masks the tangent with a select; a VJP of that JVP (``grad``, ``vjp``,
 ``jacrev``, and every reverse pass of a higher derivative) passes the
 cotangent through untouched, and XLA never sees the select or its mask.
@@ -44,52 +44,53 @@ def _masked(mask, t):
     return lax.select(mask, t, lax.full_like(t, 0))
 
 
-def _guard_jvp(primals, tangents, zero_type):
-    mask, y = primals
-    t = tangents[1]
-    out = tangent_guard_p.bind(mask, y)
-    return out, t if type(t) is zero_type else tangent_mask_p.bind(mask, t)
+def _jvp_with(on_tangent):
+    """The JVP rule of a primitive ``p(mask, x)``: ``p`` itself on the
+    primal (so a derivative of the derivative still meets it), and
+    ``on_tangent(mask, t)`` on a tangent that is not a symbolic zero."""
+
+    def rule(prim, primals, tangents, zero_type):
+        mask, x = primals
+        t = tangents[1]
+        return prim.bind(mask, x), t if type(t) is zero_type else on_tangent(mask, t)
+
+    return rule
 
 
-def _mask_jvp(primals, tangents, zero_type):
-    mask, t = primals
-    dt = tangents[1]
-    out = tangent_mask_p.bind(mask, t)
-    return out, dt if type(dt) is zero_type else tangent_mask_p.bind(mask, dt)
+def _transpose_with(on_cotangent):
+    """The transpose rule sending a cotangent that is not a symbolic zero to
+    ``on_cotangent(mask, ct)`` (None: the identity) and none to the mask."""
+
+    def rule(ct, mask, x, zero_type):
+        if on_cotangent is None or type(ct) is zero_type:
+            return [None, ct]
+        return [None, on_cotangent(mask, ct)]
+
+    return rule
 
 
-def _cotangent_jvp(primals, tangents, zero_type):
-    """A derivative of a gradient program differentiates its cotangents: there
-    the guard is the select it stands for, ``select(mask, dct, 0)``."""
-    mask, ct = primals
-    dct = tangents[1]
-    out = cotangent_guard_p.bind(mask, ct)
-    return out, dct if type(dct) is zero_type else _masked(mask, dct)
+def _mask_tangent(mask, t):
+    return tangent_mask_p.bind(mask, t)
 
 
-def _to_cotangent_guard(ct, mask, t):
-    return [None, ct if _is_zero(ct) else cotangent_guard_p.bind(mask, ct)]
+def _guard_cotangent(mask, ct):
+    return cotangent_guard_p.bind(mask, ct)
 
 
-def _to_tangent_mask(ct, mask, x):
-    return [None, ct if _is_zero(ct) else tangent_mask_p.bind(mask, ct)]
-
-
-def _pass_cotangent(ct, mask, x):
-    return [None, ct]
-
-
-def _is_zero(ct) -> bool:
-    return type(ct).__name__ == "Zero"
-
-
-#: ``tangent_guard(mask, y) = y``; in a JVP, the tangent is ``tangent_mask``'d
-tangent_guard_p = define_masking_primitive("tangent_guard", _identity, _guard_jvp, _pass_cotangent)
+#: ``tangent_guard(mask, y) = y``; in a JVP, the tangent is ``tangent_mask``'d;
+#: never transposed by AD (it sits on primals), the identity for ``linear_transpose``
+tangent_guard_p = define_masking_primitive(
+    "tangent_guard", _identity, _jvp_with(_mask_tangent), _transpose_with(None)
+)
 #: ``tangent_mask(mask, t) = select(mask, t, 0)``, transposed to ``cotangent_guard``
-tangent_mask_p = define_masking_primitive("tangent_mask", _masked, _mask_jvp, _to_cotangent_guard)
-#: ``cotangent_guard(mask, ct) = ct``; differentiated, ``select(mask, dct, 0)``
+tangent_mask_p = define_masking_primitive(
+    "tangent_mask", _masked, _jvp_with(_mask_tangent), _transpose_with(_guard_cotangent)
+)
+#: ``cotangent_guard(mask, ct) = ct``; differentiated, ``select(mask, dct, 0)``: a
+#: derivative of a gradient program differentiates its cotangents, and there the
+#: guard is the select it stands for
 cotangent_guard_p = define_masking_primitive(
-    "cotangent_guard", _identity, _cotangent_jvp, _to_tangent_mask
+    "cotangent_guard", _identity, _jvp_with(_masked), _transpose_with(_mask_tangent)
 )
 
 

@@ -54,18 +54,15 @@ PASS_THROUGH = [
 ]
 
 
-def register(table):
-    table.register(PASS_THROUGH, PassThrough())
-    table.register(MASKED_PASS_THROUGH, MaskedPassThrough())
-
-
 class MaskedPassThrough(JaxRule):
     """hlo_guard's own forward-mode output guard (:mod:`tangent_guard`),
     met when a guarded program is analysed again (a guarded function called
     inside another one, a ``jvp`` inside a guarded function): ``(mask, x)``
-    to ``x``'s value, or to its masked tangent.  Both transpose to the
-    identity, so lanes pass through from operand 1 as through an identity;
-    the mask operand carries no derivative."""
+    to ``x``'s value (``tangent_guard``, ``cotangent_guard``) or to ``x``
+    with masked lanes zeroed (``tangent_mask``).  Each transposes to one of
+    the others, which pass a cotangent's lanes through unchanged, so lanes
+    pass through from operand 1 as through an identity (conservatively for
+    ``tangent_mask``'s zeroed lanes); the mask operand carries no derivative."""
 
     lane_local = True
     kind = "pass-through"
@@ -86,3 +83,8 @@ class MaskedPassThrough(JaxRule):
 
 #: ``(mask, x)`` to ``x`` or its masked tangent (:mod:`tangent_guard`)
 MASKED_PASS_THROUGH = ["tangent_guard", "tangent_mask", "cotangent_guard"]
+
+
+def register(table):
+    table.register(PASS_THROUGH, PassThrough())
+    table.register(MASKED_PASS_THROUGH, MaskedPassThrough())
