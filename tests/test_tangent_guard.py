@@ -270,3 +270,23 @@ def test_a_filled_lane_read_genuinely_at_zero_stays_singular():
     assert not np.isfinite(np.asarray(got))
     want = jax.jacfwd(guard(f))(X.at[1].set(0.5))
     np.testing.assert_allclose(want, [0.0, 1.0, 1.0, 0.0], rtol=1e-6)
+
+
+def test_a_genuine_singularity_behind_the_output_guard_stays_infinite():
+    """At a tie (``x = 0`` in ``maximum(x, 0)``) both sides share the
+    derivative, so ``sqrt'(0)`` is met on a live lane: the output guard masks
+    only the lanes ``maximum`` lost (``x < 0``), and forward and reverse mode
+    keep the infinity there, as plain JAX and the per-lane derivative do
+    (``0.5 * 0.5 / sqrt(0)``).  (``jacfwd`` is not compared lane by lane:
+    its basis tangents are 0, not symbolic zeros, in the other lanes, and
+    ``0 * inf`` there is NaN in every column, in plain JAX alike.)"""
+
+    def f(x):
+        return jnp.sum(jnp.sqrt(jnp.maximum(x, 0.0)))
+
+    x = jnp.array([0.0, 4.0, -1.0], jnp.float32)
+    per_lane = np.array([np.inf, 0.25, 0.0], np.float32)
+    np.testing.assert_array_equal(jax.grad(guard(f))(x), per_lane)
+    np.testing.assert_array_equal(jax.grad(jax.jit(guard(f)))(x), per_lane)
+    tangent = jax.jvp(guard(f), (x,), (jnp.array([1.0, 0.0, 1.0]),))[1]
+    assert np.isposinf(np.asarray(tangent))
