@@ -113,7 +113,14 @@ class GuardedFunction:
             weigh=lambda program: arrays_held(program.closed_jaxpr),
         )
         self._bound_to_class: dict[Any, GuardedFunction] = {}
-        functools.update_wrapper(self, fn)
+        # name, docs and ``__wrapped__``; the wrapped function's own attributes
+        # only where they name nothing of ours.  ``jax.grad``, ``jax.vmap`` and
+        # ``functools.wraps`` copy a guarded function's attributes onto their
+        # wrapper, and merging those back wholesale made ``guard(jax.grad(guard(f)))``
+        # the guard of ``f`` itself (its ``fn``, trace cache and mode).
+        functools.update_wrapper(self, fn, updated=())
+        for name, value in getattr(fn, "__dict__", {}).items():
+            self.__dict__.setdefault(name, value)
 
     @property
     def original(self) -> Callable:

@@ -288,3 +288,59 @@ def test_repr_and_traced():
     prog, leaves = g.traced(X)
     assert len(leaves) == 1
     assert "sqrt" in str(prog.closed_jaxpr)
+
+
+def sum_where_sqrt(x):
+    return jnp.sum(where_sqrt(x))
+
+
+@pytest.mark.parametrize(
+    "wrap, inner",
+    [
+        (jax.grad, sum_where_sqrt),
+        (jax.vmap, where_sqrt),
+        (lambda g: jax.jit(jax.grad(g)), sum_where_sqrt),
+    ],
+    ids=["grad", "vmap", "jit-of-grad"],
+)
+def test_guard_of_a_transformed_guarded_function_is_that_function(wrap, inner):
+    # jax.grad and jax.vmap copy the guarded function's attributes onto their
+    # wrapper; the outer guard once merged them back and became guard(f)
+    transformed = wrap(guard(inner))
+    want = wrap(inner)(jnp.array([1.0, 4.0, 9.0, 16.0]))  # no dead lane: the plain values
+    got = guard(transformed)(jnp.array([1.0, 4.0, 9.0, 16.0]))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert guard(transformed).fn is transformed
+
+
+def test_guard_of_grad_of_guard_is_the_double_where_gradient():
+    def double_where(x):
+        return jnp.sum(jnp.where(x > 0, jnp.sqrt(jnp.where(x > 0, x, 1.0)), 0.0))
+
+    got = guard(jax.grad(guard(sum_where_sqrt)))(X)
+    np.testing.assert_array_equal(got, jax.grad(double_where)(X))
+
+
+def test_guard_keeps_the_wrapped_functions_own_attributes():
+    def f(x):
+        return where_sqrt(x)
+
+    f.unit = "metres"
+    f.fn = "the user's, shadowed by the guard's own"
+    g = guard(f)
+    assert g.unit == "metres"
+    assert g.fn is f
+    assert g.__wrapped__ is f
+
+
+def test_explain_of_a_transformed_guarded_function_explains_the_transformation():
+    from hlo_guard.inspect.programs import as_guarded
+
+    g = guard(sum_where_sqrt)
+    assert as_guarded(guarded_jit(sum_where_sqrt)).fn is sum_where_sqrt
+    assert as_guarded(jax.jit(g)) is g
+    grad_fn = jax.grad(g)
+    assert as_guarded(grad_fn).fn is grad_fn
+    # the gradient's program, not the loss's: its output has the input's shape
+    report = hlo_guard.explain(grad_fn, X)
+    assert "f32[4]" in str(report).splitlines()[0] or "f32[4]" in str(report)

@@ -30,12 +30,21 @@ def as_guarded(fn) -> GuardedFunction:
     ``jax.jit``), else ``guard(fn)``."""
     if isinstance(fn, GuardedFunction):
         return fn
+    # only a ``jax.jit`` of a guarded function is that function: ``jax.grad``
+    # and ``functools.wraps`` name what they wrap in ``__wrapped__`` too, and
+    # ``jax.grad(guard(f))`` is the gradient, not ``f``
     inner = getattr(fn, "__wrapped__", None)
-    if isinstance(inner, GuardedFunction):
+    if isinstance(inner, GuardedFunction) and _is_jit_wrapper(fn):
         return inner
     if not callable(fn):
         raise GuardUsageError(f"expected a callable, got {type(fn).__name__}: {fn!r}")
     return guard(fn)
+
+
+def _is_jit_wrapper(fn) -> bool:
+    """Whether ``fn`` is what ``jax.jit`` returns (``guarded_jit``'s result):
+    it lowers and traces; the wrappers of other transformations do not."""
+    return callable(getattr(fn, "lower", None)) and callable(getattr(fn, "trace", None))
 
 
 def function_name(fn) -> str:
