@@ -87,9 +87,10 @@ def guard_sharing_key(analysis: Analysis, node: int, index: int):
 
 
 def hazard_behind(analysis: Analysis) -> dict[tuple[int, int], bool]:
-    """For every use ``(n, i)``: may a zero cotangent arriving there be turned
-    non-finite in the dead region behind it (forward from ``n`` through
-    partly dead uses, stopping at boundary guards)?"""
+    """For every partly dead use ``(n, i)`` (and the other uses of its node):
+    may a zero cotangent arriving there be turned non-finite in the dead
+    region behind it (forward from ``n`` through partly dead uses, stopping
+    at boundary guards)?"""
     return placement_of(analysis).hazard
 
 
@@ -97,7 +98,9 @@ def hazard_behind(analysis: Analysis) -> dict[tuple[int, int], bool]:
 class Placement:
     """The boundary placement of one graph."""
 
-    #: per use: an unguarded hazard lies behind it (see :func:`hazard_behind`)
+    #: per use of a node with a partly dead use or a body to place: an
+    #: unguarded hazard lies behind it (see :func:`hazard_behind`); the sweep
+    #: passes over nodes that read and produce only fully live values
     hazard: dict[tuple[int, int], bool]
     #: the guarded uses
     guarded: set[tuple[int, int]]
@@ -168,21 +171,31 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         if v is not None and _hashable(v) and graph.carries_derivative(v):
             output_reads[v] = output_reads.get(v, 0) + 1
     # the uses the analysis recorded: those that carry a derivative to an
-    # output, the only ones ``decide`` guards (``partly_dead``)
+    # output; ``decide`` guards only the partly dead ones (``region_uses``)
     uses = analysis.uses
+    region = analysis.dead_region()
+    region_uses = region.uses
+    # the values ``decide`` may act on: read by a partly dead use, or leaving
+    # the graph partly dead; and the nodes with something to decide about
+    # their inputs (a partly dead use, a body to place).  Every other node
+    # reads and produces only fully live values and is passed over: its
+    # uses' hazards are never asked (``decide`` reads partly dead ones).
+    region_values = set(region.values)
+    region_values.update(
+        v for v in output_reads if analysis.value_liveness(v).level is not Level.LIVE
+    )
+    body_nodes = {n for n, _ in analysis.subs}
+    visited = region.nodes | body_nodes
     tangent_hazard = _tangent_hazards(analysis, input_list, ctx.input_tangent_hazards)
     nested_keys: dict = {}
     keys = ctx.keys if ctx.keys is not None else _mask_keys(analysis, None, nested_keys)
+    reads = keys["reads"]
     h_use: dict[tuple[int, int], bool] = {}
     guarded: set[tuple[int, int]] = set()
     own_hazard_only: set[tuple[int, int]] = set()
     # uses whose op broadcasts them implicitly and is a hazard for them: a
     # boundary wherever the value comes from (:meth:`Rule.broadcasts_operand`)
     broadcast_hazards: set[tuple[int, int]] = set()
-
-    def partly_dead(u) -> bool:
-        lv = analysis.use(*u)
-        return lv.level is not Level.LIVE and lv.reaches_output
 
     def decide(v, mixing: bool) -> bool:
         """Guard the hazardous uses of ``v`` at the boundary; True when an
@@ -194,12 +207,12 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         # summed with a dead read's -- unless every read has the same mask
         # (``s * s - s``: all reads dead in the same lanes; an output read
         # counts with the caller's mask)
-        boundary = mixing or len(set(keys["reads"].get(v, ()))) > 1
+        boundary = mixing or len(set(reads.get(v, ()))) > 1
         behind = leaves_partly_dead and ctx.output_hazard
         if not ctx.transparent:
             boundary = boundary or leaves_partly_dead or v in inputs
         for u in uses.get(v, ()):
-            if u in guarded or not partly_dead(u) or not h_use.get(u, True):
+            if u in guarded or u not in region_uses or not h_use.get(u, True):
                 continue
             if boundary or u in broadcast_hazards:
                 guarded.add(u)
@@ -208,14 +221,21 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         return behind
 
     for node in reversed(range(graph.node_count())):
+        outputs = graph.node_outputs(node)
+        decided = [v for v in outputs if v is not None and v in region_values]
+        if not decided and node not in visited:
+            continue
         rule = rules.get(graph.op_name(node))
-        body = rule.called_body(analysis, node) if rule is not None else None
+        body = rule.called_body(analysis, node) if rule is not None and node in body_nodes else None
         transparent = body is not None and node in keys["transparent"]
-        mixing = rule is None or (not transparent and not rule.keeps_lanes_apart(analysis, node))
         h_out = rule is None
-        for v in graph.node_outputs(node):
-            if v is not None and _hashable(v) and decide(v, mixing):
-                h_out = True
+        if decided:
+            mixing = rule is None or (
+                not transparent and not rule.keeps_lanes_apart(analysis, node)
+            )
+            for v in decided:
+                if decide(v, mixing):
+                    h_out = True
         node_inputs = graph.node_inputs(node)
         body_hazards: list[bool] = []
         if body is not None:
@@ -229,7 +249,7 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
             body_hazards = body.placement.input_hazards
         for i, v in enumerate(node_inputs):
             exit_ = rule is not None and rule.forward_exit(analysis, node, i)
-            if exit_ and partly_dead((node, i)) and _may_blow_up(tangent_hazard, v):
+            if exit_ and (node, i) in region_uses and _may_blow_up(tangent_hazard, v):
                 guarded.add((node, i))
             if transparent:
                 h_use[(node, i)] = i >= len(body_hazards) or body_hazards[i]
@@ -312,7 +332,19 @@ def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
     rules = analysis.rules
     use_keys: dict = {}
     transparent: set[int] = set()  # nodes whose call body is seen through
+    region = analysis.dead_region()
+    use_liveness = analysis.use_liveness
+    visited = region.nodes | {n for n, _ in analysis.subs}
     for node in reversed(range(graph.node_count())):
+        if node not in visited:
+            # every use here that carries a derivative is fully live: its key
+            # is the live key, which only a join asks about (a value with a
+            # partly dead read too); such a use guards nothing and shares no
+            # mask, so it is not recorded in ``uses``
+            for i, v in enumerate(graph.node_inputs(node)):
+                if v is not None and v in region.values and (node, i) in use_liveness:
+                    reads.setdefault(v, []).append(_LIVE_KEY)
+            continue
         rule = rules.get(graph.op_name(node))
         outs = graph.node_outputs(node)
         node_out_keys = [value_key(v) for v in outs]
