@@ -168,3 +168,28 @@ def test_a_shared_primal_is_differentiated_through_the_guarded_jvp_again(mode, w
     assert np.isfinite(want).all()
     got = np.asarray(d(getattr(hlo_guard, wrap)(_encoder_loss))(PADDED))
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.skipif(
+    not __import__(
+        "hlo_guard.jax_frontend.compat", fromlist=["calls_kept_until_lowering"]
+    ).calls_kept_until_lowering(),
+    reason="jax 0.10: the interpreter builds every staged program",
+)
+def test_surgery_shares_the_side_values_too():
+    """Under ``jax.jit`` the program is built by surgery (one ``guarded_``
+    call of the user's equations) although a mask needs the second norm's
+    predicate early: the dots computed on the side are bound again in the
+    side trace with the side values as their primal, as the interpreter
+    binds them, and the compiled gradient has the unguarded number of dots."""
+    from hlo_guard.jax_frontend.surgery import spliced_program
+
+    args = inputs()
+    closed = jax.make_jaxpr(guard(block))(*args)
+    (call,) = closed.jaxpr.eqns
+    assert str(call.params["name"]) == "guarded_block"
+    body = spliced_program(closed).jaxpr
+    shared = [e for e in body.eqns if e.primitive.name == "custom_jvp_call"]
+    assert shared  # the shared primals (and the guarded contractions)
+    plain = dots(jax.grad(block, (0, 1, 2)), *args)
+    assert dots(jax.grad(guarded_jit(block), (0, 1, 2)), *args) == plain

@@ -151,7 +151,7 @@ def test_forward_values_are_bitwise_the_plain_programs():
 
 def test_a_mask_computed_on_the_side_reads_no_later_equation():
     """``maximum``'s guard mask needs ``maximum``'s result before it runs:
-    the spliced body computes it on the side, from a gradient-stopped input."""
+    the spliced body computes it on the side, before the guarded use."""
     body = spliced_program(jax.make_jaxpr(hlo_guard.guard(sqrt_of_max))(X)).jaxpr
     defined = set(body.invars) | set(body.constvars)
     for eqn in body.eqns:

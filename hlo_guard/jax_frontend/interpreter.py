@@ -460,17 +460,7 @@ class Scope:
                     continue
             with eqn_context(eqn, self.at_call_site):
                 wide = self.guard_operands(node, eqn, sites.get(node, ()), invals)
-                side = self._shared_side(eqn)
-                if side is None:
-                    outs = self.bind_guarded(node, eqn, invals, wide)
-                elif eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(
-                    self.mode
-                ):
-                    fn, passed = _guarded_call(self, node, eqn, len(invals))
-                    outs = share_side_primal(side, partial(call_with, fn), invals, passed)
-                else:
-                    contraction = self.contraction_masks(node, eqn)
-                    outs = bind_sharing(eqn, invals, wide, side, contraction)
+                outs = self.bind_node(node, eqn, invals, wide, self._shared_side(eqn))
                 for ov, o in zip(eqn.outvars, outs):
                     if not isinstance(ov, DropVar):
                         env[ov] = o
@@ -490,6 +480,23 @@ class Scope:
             if site.index not in wide:
                 invals[site.index] = self.shared_guard(node, site, invals[site.index])
         return wide
+
+    def shared_side(self, eqn):
+        """The side values a gradient-mode evaluation takes as ``eqn``'s
+        primal outputs (:mod:`shared_primal`), or None."""
+        return self._shared_side(eqn)
+
+    def bind_node(self, node: int, eqn, invals, wide: dict[int, Any], side=None):
+        """Bind ``node`` reading its (guarded) operands: with ``side`` (the
+        outputs a mask computed on the side, :meth:`shared_side`) as its
+        primal outputs, else as :meth:`bind_guarded` does."""
+        if side is None:
+            return self.bind_guarded(node, eqn, invals, wide)
+        if eqn.primitive.name in _SHARED_CALLS and node in self.plan.rewritten_bodies(self.mode):
+            fn, passed = _guarded_call(self, node, eqn, len(invals))
+            return share_side_primal(side, partial(call_with, fn), invals, passed)
+        contraction = self.contraction_masks(node, eqn)
+        return bind_sharing(eqn, invals, wide, side, contraction)
 
     def bind_guarded(self, node: int, eqn, invals, wide: dict[int, Any]):
         """Bind ``node`` reading its guarded operands: a guarded contraction

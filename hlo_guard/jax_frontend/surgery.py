@@ -48,13 +48,21 @@ in one place:
   tracer of an enclosing transformation among the program's constants, a
   mesh in context;
 * a guard that could not be placed before its use (step 2), or a mask that
-  needs a contraction's result before the program computes it (the
-  interpreter shares that side value as the contraction's primal; surgery
-  would compute the contraction twice).
+  needs a contraction's result before the program computes it where the
+  contraction cannot take that side value as its primal (see below).
+
+A mask that needs a value the program computes later (the second norm's
+predicate in a transformer block decides which lanes of the first
+projection are live) computes it on the side, as the interpreter does; a
+contraction computed there is visited in its turn and bound again with the
+side values as its primal (:mod:`shared_primal`), exactly as the
+interpreter's gradient-mode evaluation binds it, so that the program
+computes every matmul once.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from jax.core import Tracer
@@ -157,15 +165,29 @@ def _guards_in_side_trace(plan: GuardPlan, mode: str) -> tuple[Any, list] | None
         scope = Scope(plan.analysis, [], [], [ALL] * len(jaxpr.outvars), mode=mode)
         values = VariableValues(graph, side)
         scope.values = values
-        for node in sorted(set(sites) | set(out_sites) | rebound):
+        # as the interpreter's gradient-mode evaluation: side values keep their
+        # derivatives, and an equation whose outputs a mask computed on the side
+        # takes them as its primal (:mod:`shared_primal`), so that the program
+        # computes a contraction once
+        values.sharing = True
+        todo = sorted(set(sites) | set(out_sites) | rebound)
+        heapq.heapify(todo)
+        visited: set[int] = set()
+        seen_side = 0
+        while todo:
+            node = heapq.heappop(todo)
+            if node in visited:
+                continue
+            visited.add(node)
             eqn = graph.eqns[node]
             with eqn_context(eqn):
                 node_sites = sites.get(node, ())
                 values.frontier = node
                 invals = [_side_value(v, renamed, values) for v in eqn.invars]
                 wide = scope.guard_operands(node, eqn, node_sites, invals)
-                if node in rebound or wide:
-                    outs = scope.bind_guarded(node, eqn, invals, wide)
+                shared = scope.shared_side(eqn)
+                if node in rebound or wide or shared is not None:
+                    outs = scope.bind_node(node, eqn, invals, wide, shared)
                     for ov, o in zip(eqn.outvars, outs):
                         if not isinstance(ov, DropVar):
                             renamed[ov] = values.env[ov] = o
@@ -181,7 +203,16 @@ def _guards_in_side_trace(plan: GuardPlan, mode: str) -> tuple[Any, list] | None
                     y = renamed[ov] if ov in renamed else values.value(ov)
                     renamed[ov] = values.env[ov] = scope.guard_output(node, site, y)
                     renamed_at[ov] = node
-        if _computed_a_contraction_on_the_side(graph, values):
+            # the contractions a mask computed on the side since: each is
+            # visited in its turn and takes the side values as its primal
+            if len(values.shadow) > seen_side:
+                side_vars = list(values.shadow)
+                for var in side_vars[seen_side:]:
+                    prod = graph.producer(var)
+                    if prod is not None and prod[0] > node and contracts(graph.eqns[prod[0]]):
+                        heapq.heappush(todo, prod[0])
+                seen_side = len(side_vars)
+        if _computed_a_contraction_on_the_side(graph, values, dropped):
             return None
         eqns, constvars, constvals = compat.staged_equations(side)
     if any(isinstance(c, Tracer) for c in constvals):
@@ -191,16 +222,17 @@ def _guards_in_side_trace(plan: GuardPlan, mode: str) -> tuple[Any, list] | None
     )
 
 
-def _computed_a_contraction_on_the_side(graph: JaxprGraph, values: VariableValues) -> bool:
+def _computed_a_contraction_on_the_side(
+    graph: JaxprGraph, values: VariableValues, replaced: set[int]
+) -> bool:
     """Whether a mask needed a contraction's result before the program computes
-    it.  The interpreter then shares the side value as the contraction's own
-    primal (:mod:`shared_primal`), so that the program computes it once;
-    surgery computes it on the side from stopped inputs and keeps the
-    program's equation, which XLA does not merge in the gradient program (one
-    dot more than the unguarded program's): the interpreter is used."""
+    it and the program's equation could not take the side value as its primal
+    (:func:`shared_primal.can_share`: an output that is not floating, an
+    effect).  The program would compute that contraction twice, which XLA
+    does not merge in a gradient program: the interpreter is used."""
     for var in values.shadow:
         prod = graph.producer(var)
-        if prod is not None and contracts(graph.eqns[prod[0]]):
+        if prod is not None and prod[0] not in replaced and contracts(graph.eqns[prod[0]]):
             return True
     return False
 
