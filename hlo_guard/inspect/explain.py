@@ -35,7 +35,10 @@ from hlo_guard.jax_frontend.compat import jit_inlines
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken, is_inexact_aval
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
-from hlo_guard.jax_frontend.rules.hazards import where_made_zero_factors
+from hlo_guard.jax_frontend.rules.hazards import (
+    where_made_zero_factors,
+    where_made_zero_quotients,
+)
 from passes.analysis import analyze
 from passes.lattice import LIVE, NO_DERIVATIVE, Level
 from passes.planning import plan_guards, protected_hazards
@@ -160,8 +163,12 @@ class _Explainer:
             (site for sites in plan.sites_for(self.mode).values() for site in sites),
             key=lambda site: (site.node, site.index),
         )
-        # (a where-made zero factor is asked here, not while tracing)
-        unguarded = plan_guards(analysis)[1] + where_made_zero_factors(analysis)
+        # (a where-made zero factor or numerator is asked here, not while tracing)
+        unguarded = (
+            plan_guards(analysis)[1]
+            + where_made_zero_factors(analysis)
+            + where_made_zero_quotients(analysis)
+        )
         out: list[SiteInfo] = []
         skipped = sorted(
             plan_of(analysis).record.skipped,

@@ -9,7 +9,10 @@ they do not guard.
 * :func:`selected_zero`: whether a value is a ``where`` that picks a constant
   zero in some lanes (``jnp.where(c, 1.0, 0.0)``, JAX's own backward pass
   ``select_n(c, 0, ct)``) -- a zero by *value*, which a ``mul`` then turns
-  into ``0 * inf`` when its other factor's derivative is infinite.
+  into ``0 * inf`` when its other factor's derivative is infinite;
+* :func:`where_made_zero_factors`, :func:`where_made_zero_quotients`: the
+  reports' ``0 * inf`` and ``0 / 0`` of such a zero (JAX's own backward pass
+  inside ``guard(jax.grad(f))`` makes both).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.value_bounds import lower_bound
 from passes.planning import UnguardedSite
 
 #: operations that hand a value's lanes on unchanged (for :func:`selected_zero`)
@@ -42,16 +46,25 @@ def hazard_before(analysis, operand) -> bool:
     return _lies_behind(analysis.graph, operand, hazardous)
 
 
-def _lies_behind(graph, operand, found_in) -> bool:
+def _lies_behind(graph, operand, found_in, precise: bool = False) -> bool:
     """Whether ``found_in(eqn)`` holds for an equation behind ``operand``,
     walking the values it is computed from that carry a derivative: in this
     graph, and -- through a call body's link to its caller -- in the graphs
     around it.  An input of a body without that link (a loop body: its
-    carries come from the last iteration) counts as found."""
+    carries come from the last iteration) counts as found.  ``precise`` (the
+    reports' question): a ``jnp`` wrapper call's output is followed into its
+    body from that output, not taken as computed from every input by every
+    equation of the body (an eager trace's ``jnp.maximum`` also returns its
+    JVP's ``div``, which is not behind the maximum itself); and a value
+    whose derivative is structurally zero (:func:`_no_derivative`: that
+    ``div`` of two selections between constants) is not walked."""
     stack, seen = [(graph, operand)], set()
+    settled: dict = {}
     while stack:
         g, v = stack.pop()
         if is_literal(v) or (id(g), v) in seen or not g.carries_derivative(v):
+            continue
+        if precise and _no_derivative(g, v, settled):
             continue
         seen.add((id(g), v))
         producer = g.producer(v)
@@ -63,10 +76,64 @@ def _lies_behind(graph, operand, found_in) -> bool:
                 return True
             continue
         eqn = g.eqns[producer[0]]
+        if precise and eqn.primitive.name in REWRITTEN_CALLS:
+            body = g.call_body_graph(producer[0])
+            stack.append((body, body.jaxpr.outvars[producer[1]]))
+            continue
         if found_in(eqn):
             return True
         stack.extend((g, a) for a in eqn.invars)
     return False
+
+
+#: lane-wise operations whose output has a derivative only through their
+#: floating inputs' (for :func:`_no_derivative`)
+_LANE_WISE = frozenset(
+    {
+        "neg",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "convert_element_type",
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+    }
+)
+
+
+def _no_derivative(graph, v, memo: dict, depth: int = 16) -> bool:
+    """Whether ``v``'s derivative is structurally zero: computed from
+    constants by selections (whose predicate carries no derivative) and
+    lane-wise arithmetic -- JAX's JVP coefficients, ``select_n(c, 0, 1) /
+    select_n(t, 1, 2)`` for ``maximum`` before JAX 0.11 -- seen into calls
+    and out to a body's caller.  Unsure (too deep, an input) is False."""
+    if is_literal(v) or not graph.carries_derivative(v):
+        return True
+    key = (id(graph), v)
+    if depth <= 0 or memo.get(key) is False:
+        return False
+    if key not in memo:
+        memo[key] = False  # no re-entry (a jaxpr has no cycle)
+        memo[key] = _settled_by(graph, v, memo, depth)
+    return memo[key]
+
+
+def _settled_by(graph, v, memo: dict, depth: int) -> bool:
+    found = graph.producer(v)
+    if found is None:
+        outer = graph.caller_argument(v)
+        return outer is not None and _no_derivative(outer[0], outer[1], memo, depth - 1)
+    eqn = graph.eqns[found[0]]
+    name = eqn.primitive.name
+    if name in REWRITTEN_CALLS:
+        body = graph.call_body_graph(found[0])
+        return _no_derivative(body, body.jaxpr.outvars[found[1]], memo, depth - 1)
+    operands = eqn.invars[1:] if name == "select_n" else eqn.invars
+    if name != "select_n" and name not in _LANE_WISE:
+        return False
+    return all(_no_derivative(graph, a, memo, depth - 1) for a in operands)
 
 
 def _operand_source(graph, v):
@@ -125,8 +192,9 @@ _OWN_RULE = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_ja
 def singular_before(graph, operand) -> bool:
     """Whether an operation with an unbounded derivative (:data:`SINGULAR`,
     ``integer_pow`` with a negative exponent) lies behind ``operand``, or in
-    the body of a call behind it (:func:`_lies_behind`)."""
-    return _lies_behind(graph, operand, _singular)
+    the body of a call behind it (:func:`_lies_behind`; a ``jnp`` wrapper's
+    body only behind the output read)."""
+    return _lies_behind(graph, operand, _singular, precise=True)
 
 
 def _singular(eqn, depth: int = 64) -> bool:
@@ -153,31 +221,80 @@ def sub_jaxprs(eqn) -> list:
     return found
 
 
-def selected_zero(graph, atom, depth: int = 8) -> bool:
-    """Whether ``atom`` is a selection (``select_n``) one of whose cases is
-    the constant zero and another is not, seen through conversions,
-    broadcasts and ``jnp``'s wrapper calls (``jnp.where`` is one), into
-    the body of a call that returns it and out to the caller of a body that
-    receives it."""
+def selected_zero(graph, atom, depth: int = 16, memo: dict | None = None) -> bool:
+    """Whether ``atom`` is zero by value in some lanes a ``where`` picks
+    (:func:`zero_selects`)."""
+    return bool(zero_selects(graph, atom, depth, {} if memo is None else memo))
+
+
+#: operations whose output is zero wherever the listed inputs are a
+#: where-made zero, for :func:`zero_selects`: a negation, a product with such
+#: a factor, a quotient with such a numerator.  Where the other operand is
+#: infinite (the divisor zero) the operation makes ``0 * inf`` (``0 / 0``)
+#: itself, which :func:`where_made_zero_factors`
+#: (:func:`where_made_zero_quotients`) reports there; JAX's backward passes
+#: scale the zero this way (``neg(select_n(c, 0, ct))`` in ``entr``'s,
+#: ``ct * 0.5`` of ``maximum``'s tie rule)
+_KEEPS_ZERO = {"neg": (0,), "mul": (0, 1), "div": (0,)}
+
+
+def zero_selects(graph, atom, depth: int = 16, memo: dict | None = None) -> list[tuple]:
+    """The selections that make ``atom`` zero by value in some lanes, each
+    as ``(graph, select_n equation, indices of its cases that are zero)``:
+    a ``select_n`` one of whose cases is the constant zero -- or, nested,
+    such a selection between constants (:func:`_zero_coefficient`) -- and
+    not every case the constant zero; seen through
+    conversions, broadcasts, ``jnp``'s wrapper calls (``jnp.where`` is
+    one), :data:`_KEEPS_ZERO`'s operations, into the body of a call that
+    returns it and out to the caller of a body that receives it.  ``memo``
+    keeps the walk linear in a chain of products."""
+    memo = {} if memo is None else memo
+    key = (id(graph), atom, depth)
     if depth <= 0 or is_literal(atom):
-        return False
+        return []
+    if key not in memo:
+        memo[key] = []  # no re-entry (a jaxpr has no cycle)
+        memo[key] = _zero_selects(graph, atom, depth, memo)
+    return memo[key]
+
+
+def _zero_selects(graph, atom, depth: int, memo: dict) -> list[tuple]:
     found = graph.producer(atom)
     if found is None:  # a call body's input: asked where the caller computes it
         outer = graph.caller_argument(atom)
-        return outer is not None and selected_zero(outer[0], outer[1], depth - 1)
+        return [] if outer is None else zero_selects(outer[0], outer[1], depth - 1, memo)
     node, j = found
     eqn = graph.eqns[node]
     name = eqn.primitive.name
     if name in _PASS_THROUGH:
-        return selected_zero(graph, eqn.invars[0], depth - 1)
+        return zero_selects(graph, eqn.invars[0], depth - 1, memo)
+    if name in _KEEPS_ZERO:
+        return [
+            s
+            for i in _KEEPS_ZERO[name]
+            for s in zero_selects(graph, eqn.invars[i], depth - 1, memo)
+        ]
     if name in REWRITTEN_CALLS:
         body = graph.call_body_graph(node)
-        out = body.jaxpr.outvars[j]
-        return selected_zero(body, out, depth - 1)
+        return zero_selects(body, body.jaxpr.outvars[j], depth - 1, memo)
     if name != "select_n":
-        return False
-    zeros = [_known_zero(graph, case, depth) for case in eqn.invars[1:]]
-    return any(zeros) and not all(zeros)
+        return []
+    cases = eqn.invars[1:]
+    known = [_known_zero(graph, case, depth) for case in cases]
+    zero = frozenset(
+        k for k, case in enumerate(cases) if known[k] or _zero_coefficient(graph, case, depth, memo)
+    )
+    return [(graph, eqn, zero)] if zero and not all(known) else []
+
+
+def _zero_coefficient(graph, case, depth: int, memo: dict) -> bool:
+    """Whether a selection's ``case`` is itself a where-made zero between
+    constants (no derivative): ``maximum``'s JVP coefficient ``select_n(c,
+    select_n(t, 0, .5), 1)``.  Not a where-made zero with a derivative
+    (``where(r < r_on, 1, where(r < r_c, poly(r), 0))``, a smooth cutoff):
+    lanes where that is zero are a user's function, not an AD coefficient,
+    and a ``mul`` of it is asked as the ``where`` itself would be."""
+    return _no_derivative(graph, case, {}) and bool(zero_selects(graph, case, depth - 1, memo))
 
 
 def _known_zero(graph, atom, depth: int) -> bool:
@@ -211,7 +328,8 @@ def where_made_zero_factors(analysis) -> list[UnguardedSite]:
     loss, where-made sample weights).  Asked by the reports only -- a walk
     per ``mul`` operand the trace need not pay for."""
     graph = analysis.graph
-    found = []
+    found: list[UnguardedSite] = []
+    memo: dict = {}
     for node, eqn in enumerate(graph.eqns):
         if eqn.primitive.name != "mul":
             continue
@@ -220,7 +338,7 @@ def where_made_zero_factors(analysis) -> list[UnguardedSite]:
             continue
         for i, v in enumerate(eqn.invars[:2]):
             other = eqn.invars[1 - i]
-            if is_literal(other) or not selected_zero(graph, v):
+            if is_literal(other) or not selected_zero(graph, v, memo=memo):
                 continue
             if graph.same_value(v, graph, other):
                 # ``h * h`` of ``h = where(c, sqrt(x), 0)``: in the zeroed
@@ -238,5 +356,152 @@ WHERE_MADE_ZERO = (
     "a where-made zero (a value, not a dead lane) multiplies a factor whose derivative "
     "may be infinite: 0 * inf is NaN in the lanes it zeroes, unguarded -- put the where "
     "around the product (where(c, f(x), 0)), or guard the function a jax.grad inside the "
-    "loss differentiates"
+    "loss differentiates; if this is JAX's own backward pass of a guarded "
+    "guard(jax.grad(f)), the NaN is a forward value the guard keeps: write "
+    "jax.grad(guard(f))"
+)
+
+
+def where_made_zero_quotients(analysis) -> list[UnguardedSite]:
+    """``select_n(c, 0, ct) / x``: JAX's own backward pass of
+    ``where(x > 0, log(x), 0)`` (``xlogy``, ``entr``, ``log_sigmoid(log x)``
+    likewise) in a guarded ``guard(jax.grad(f))`` divides a where-made zero
+    by a value that is zero in the lanes the ``where`` did not take: ``0 /
+    0`` is NaN there, a forward value of the guarded function, which the
+    guard keeps (found by a user-style hunt: the report was clean).  Each
+    ``div`` whose numerator is a where-made zero (:func:`zero_selects`) and
+    whose divisor is not known to be nonzero in the lanes it zeroes
+    (:func:`_divisor_nonzero`: a masked mean's ``maximum(count, 1)``, a
+    constant, the double where's ``where(c, x, 1)``) is an unguarded site.
+    Asked by the reports only."""
+    graph = analysis.graph
+    found: list[UnguardedSite] = []
+    memo: dict = {}
+    for node, eqn in enumerate(graph.eqns):
+        if eqn.primitive.name != "div" or not is_inexact_aval(eqn.outvars[0].aval):
+            continue
+        out = analysis.value_liveness(eqn.outvars[0])
+        if not out.reaches_output:
+            continue
+        num, den = eqn.invars
+        sources = zero_selects(graph, num, memo=memo)
+        if sources and not all(_divisor_nonzero(graph, den, s, eqn) for s in sources):
+            found.append(UnguardedSite(node, WHERE_MADE_ZERO_QUOTIENT, out))
+    return found
+
+
+def _divisor_nonzero(graph, den, source, div) -> bool:
+    """Whether the divisor ``den`` is known nonzero in the lanes the
+    selection ``source`` (:func:`zero_selects`) zeroes: in every lane
+    (:func:`_nonzero`), or -- the double where -- it is a selection on the
+    same predicate whose cases are nonzero where ``source`` takes a zero.
+    The lanes correspond only when both selections have the division's
+    shape (the walks between see lane-wise operations and copies only)."""
+    if _nonzero(graph, den):
+        return True
+    sgraph, seqn, zero = source
+    found = _selection(graph, den)
+    if found is None:
+        return False
+    g, eqn = found
+    shape = div.outvars[0].aval.shape
+    if (
+        len(eqn.invars) != len(seqn.invars)
+        or eqn.outvars[0].aval.shape != shape
+        or seqn.outvars[0].aval.shape != shape
+        or not _same_predicate(g, eqn.invars[0], sgraph, seqn.invars[0])
+    ):
+        return False
+    return all(_nonzero(g, eqn.invars[1 + k]) for k in zero)
+
+
+#: copies that keep a value's lanes nonzero (for :func:`_nonzero`); not a
+#: narrowing conversion, which can flush a tiny value to zero
+_NONZERO_COPIES = frozenset({"neg", "broadcast_in_dim", "reshape", "squeeze"})
+
+
+def _nonzero(graph, atom, depth: int = 8) -> bool:
+    """Whether every lane of ``atom`` is known nonzero while tracing: a
+    constant without zeros, a positive lower bound
+    (:func:`value_bounds.lower_bound`: ``maximum(count, 1)``), a copy or
+    negation of one, a selection between them (``maximum``'s JVP in older
+    JAX divides by ``select_n(t, 1, 2)``)."""
+    if depth <= 0:
+        return False
+    val = graph.known_constant(atom)
+    if val is not None:
+        with np.errstate(all="ignore"):
+            return bool(np.all(np.asarray(val) != 0))
+    bound = lower_bound(graph, atom)
+    if bound is not None and bound > 0:
+        return True
+    graph, atom = graph.value_source(atom)
+    found = None if is_literal(atom) else graph.producer(atom)
+    if found is None:
+        return False
+    eqn = graph.eqns[found[0]]
+    name = eqn.primitive.name
+    if name in _NONZERO_COPIES:
+        return _nonzero(graph, eqn.invars[0], depth - 1)
+    return name == "select_n" and all(_nonzero(graph, c, depth - 1) for c in eqn.invars[1:])
+
+
+def _selection(graph, atom, depth: int = 8):
+    """(graph, the ``select_n`` equation) ``atom`` is, seen through calls
+    and the copies that keep a lane nonzero; else None."""
+    for _ in range(depth):
+        graph, atom = graph.value_source(atom)
+        found = None if is_literal(atom) else graph.producer(atom)
+        if found is None:
+            return None
+        eqn = graph.eqns[found[0]]
+        if eqn.primitive.name == "select_n":
+            return graph, eqn
+        if eqn.primitive.name not in _NONZERO_COPIES:
+            return None
+        atom = eqn.invars[0]
+    return None
+
+
+def _same_predicate(ga, a, gb, b) -> bool:
+    """Whether predicates ``a`` and ``b`` hold one value: the same value
+    (:meth:`JaxprGraph.same_value`), or one comparison of the same values
+    and constants written twice (``where(x > 0, log(where(x > 0, x, 1)),
+    0)`` compares twice)."""
+    if ga.same_value(a, gb, b):
+        return True
+    ga, a = ga.value_source(a)
+    gb, b = gb.value_source(b)
+    ea, eb = (None if is_literal(v) else g.producer(v) for g, v in ((ga, a), (gb, b)))
+    if ea is None or eb is None:
+        return False
+    ea, eb = ga.eqns[ea[0]], gb.eqns[eb[0]]
+    return (
+        ea.primitive.name == eb.primitive.name
+        and ea.primitive.name in _COMPARISONS
+        and ea.params == eb.params
+        and all(_same_operand(ga, u, gb, v) for u, v in zip(ea.invars, eb.invars))
+    )
+
+
+_COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
+
+
+def _same_operand(ga, u, gb, v) -> bool:
+    """One value, or equal constants (the literal ``0.0`` of ``x > 0``)."""
+    if ga.same_value(u, gb, v):
+        return True
+    cu, cv = ga.known_constant(u), gb.known_constant(v)
+    if cu is None or cv is None:
+        return False
+    cu, cv = np.asarray(cu), np.asarray(cv)
+    return cu.shape == cv.shape and cu.dtype == cv.dtype and bool(np.all(cu == cv))
+
+
+WHERE_MADE_ZERO_QUOTIENT = (
+    "a where-made zero (a value, not a dead lane) is divided by a value not known to be "
+    "nonzero in the lanes it zeroes: 0 / 0 is NaN there, unguarded -- divide inside the "
+    "where (where(c, a / b, 0)) or make the divisor nonzero there (where(c, b, 1)); if "
+    "this is JAX's own backward pass of a guarded guard(jax.grad(f)), the NaN is a "
+    "forward value the guard keeps: write jax.grad(guard(f))"
 )

@@ -1,0 +1,177 @@
+"""A guarded function that already holds AD -- ``guard(jax.grad(f))`` --
+keeps plain JAX's NaN as a forward value (the contract), so the report must
+name it.  Found by a user-style hunt: JAX's own backward pass of ``where(x >
+0, log(x), 0)`` divides a where-made zero by ``x`` (``0 / 0``), and
+``maximum``'s JVP coefficient is a *nested* selection (``select_n(c,
+select_n(t, 0, .5), 1)``, before JAX 0.11 a ``div`` of two) times
+``0.5 / sqrt(0)``; the reports were clean.  Each is now an unguarded site, and
+code that is correct stays clean."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.scipy.special import entr, xlogy
+
+import hlo_guard
+from hlo_guard import explain
+
+_X = jnp.array([-1.0, 0.0, 0.5, 2.0], jnp.float32)
+_X_NO_TIE = jnp.array([-1.0, -2.0, 0.5, 2.0], jnp.float32)
+_T = jnp.ones(4, jnp.float32)
+
+
+def _pos(x):
+    return jnp.where(x > 0, x, 1.0)
+
+
+def _jvp(f):
+    return lambda x: jax.jvp(f, (x,), (_T,))[1]
+
+
+#: name -> (f, its double where, x)
+_CASES = {
+    "where log": (
+        lambda x: jnp.sum(jnp.where(x > 0, jnp.log(x), 0.0)),
+        lambda x: jnp.sum(jnp.where(x > 0, jnp.log(_pos(x)), 0.0)),
+        _X,
+    ),
+    "where xlogy": (
+        lambda x: jnp.sum(jnp.where(x > 0, xlogy(2.0, x), 0.0)),
+        lambda x: jnp.sum(jnp.where(x > 0, xlogy(2.0, _pos(x)), 0.0)),
+        _X,
+    ),
+    "where entr": (
+        lambda x: jnp.sum(jnp.where(x > 0, entr(x), 0.0)),
+        lambda x: jnp.sum(jnp.where(x > 0, entr(_pos(x)), 0.0)),
+        _X,
+    ),
+    "where log_sigmoid(log)": (
+        lambda x: jnp.sum(jnp.where(x > 0, jax.nn.log_sigmoid(jnp.log(x)), 0.0)),
+        lambda x: jnp.sum(jnp.where(x > 0, jax.nn.log_sigmoid(jnp.log(_pos(x))), 0.0)),
+        _X,
+    ),
+    "sqrt of maximum": (
+        lambda x: jnp.sum(jnp.sqrt(jnp.maximum(x, 0.0)) * x),
+        lambda x: jnp.sum(jnp.where(x > 0, jnp.sqrt(_pos(x)), 0.0) * x),
+        _X_NO_TIE,
+    ),
+    "softplus of maximum of log": (
+        lambda x: jnp.sum(jax.nn.softplus(jnp.maximum(jnp.log(jnp.abs(x)), -3.0))),
+        lambda x: jnp.sum(
+            jnp.where(
+                x != 0,
+                jax.nn.softplus(jnp.log(jnp.abs(jnp.where(x != 0, x, 1.0)))),
+                jax.nn.softplus(-3.0),
+            )
+        ),
+        _X,
+    ),
+}
+
+_TRANSFORMS = {
+    "grad": jax.grad,
+    "jacrev": jax.jacrev,
+    "jacfwd": jax.jacfwd,
+    "hessian": jax.hessian,
+    "jvp": _jvp,
+}
+
+#: (case, transform) whose plain value is NaN where the double where's is not
+_NAN = [
+    (case, t)
+    for case in ("where log", "where xlogy", "where entr", "where log_sigmoid(log)")
+    for t in ("grad", "jacrev", "hessian")
+] + [
+    (case, t)
+    for case in ("sqrt of maximum", "softplus of maximum of log")
+    for t in ("grad", "jacrev", "jacfwd", "hessian", "jvp")
+]
+
+
+def _where_made(report):
+    return [u for u in report.unguarded if "where-made zero" in u.reason]
+
+
+@pytest.mark.parametrize("case,transform", _NAN, ids=[f"{c}-{t}" for c, t in _NAN])
+def test_ad_inside_the_guard_is_reported_where_its_value_is_nan(case, transform):
+    """The guarded function's value is plain JAX's, NaN where the double
+    where's is finite; the report names the ``div``/``mul`` and says to
+    write ``jax.grad(guard(f))`` -- eager and under ``jax.jit``."""
+    f, oracle, x = _CASES[case]
+    T = _TRANSFORMS[transform]
+    g = hlo_guard.guard(T(f))
+    value = np.asarray(g(x))
+    np.testing.assert_array_equal(value, np.asarray(T(f)(x)))  # forward values unchanged
+    np.testing.assert_array_equal(np.asarray(jax.jit(g)(x)), np.asarray(jax.jit(T(f))(x)))
+    assert np.isnan(value).any() and np.isfinite(np.asarray(T(oracle)(x))).all()
+    for fn in (g, jax.jit(g)):
+        reported = _where_made(explain(fn, x))
+        assert reported, (case, transform)
+        assert {u.op for u in reported} <= {"div", "mul"}
+        assert all("jax.grad(guard(f))" in u.reason for u in reported)
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_the_gradient_of_the_guarded_function_is_finite_and_clean(case):
+    """``jax.grad(guard(f))`` -- what the report tells the user to write --
+    is finite, equal to the double where's gradient, and ``guard(f)``'s
+    report names no where-made zero."""
+    f, oracle, x = _CASES[case]
+    grad = np.asarray(jax.grad(hlo_guard.guard(f))(x))
+    np.testing.assert_allclose(grad, np.asarray(jax.grad(oracle)(x)), rtol=1e-6)
+    assert not _where_made(explain(hlo_guard.guard(f), x))
+    assert not _where_made(explain(f, x))
+
+
+_M = jnp.array([True, False, True, False])
+
+#: a where-made zero divided by a divisor that is nonzero in its lanes
+_SAFE_QUOTIENTS = {
+    "masked mean (lanes)": lambda x: jnp.sum(jnp.where(_M, x, 0.0) / jnp.maximum(jnp.sum(_M), 1)),
+    "masked mean": lambda x: jnp.sum(jnp.where(_M, x, 0.0)) / jnp.maximum(jnp.sum(_M), 1),
+    "by a constant": lambda x: jnp.sum(jnp.where(x > 0, x, 0.0) / 2.0),
+    "by a negative constant": lambda x: jnp.sum(jnp.where(x > 0, x, 0.0) / -3.0),
+    "double where": lambda x: jnp.sum(jnp.where(x > 0, 1.0, 0.0) / jnp.where(x > 0, x, 1.0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SAFE_QUOTIENTS))
+def test_a_where_made_zero_over_a_nonzero_divisor_is_not_reported(name):
+    """A divisor known nonzero in the zeroed lanes (``maximum(count, 1)``'s
+    lower bound, a constant, the double where's ``where(c, x, 1)`` on the
+    same predicate) cannot make ``0 / 0``: clean, also as ``guard(jax.grad)``
+    (not the double where's: its backward pass multiplies the where-made zero
+    by ``1 / x ** 2``, which the ``mul`` check, blind to lanes, reports)."""
+    f = _SAFE_QUOTIENTS[name]
+    fns = [hlo_guard.guard(f)] + ([] if name == "double where" else [hlo_guard.guard(jax.grad(f))])
+    for fn in fns:
+        assert np.isfinite(np.asarray(fn(_X))).all()
+        assert not _where_made(explain(fn, _X)), name
+
+
+def test_a_where_made_zero_over_an_unknown_divisor_is_reported():
+    """``where(c, 1, 0) / x``: nothing says ``x`` is nonzero where ``c`` is
+    false -- 0 / 0 at ``x = 0`` -- reported on the ``div``."""
+    f = lambda x: jnp.sum(jnp.where(x > 0, 1.0, 0.0) / x)  # noqa: E731
+    assert np.isnan(np.asarray(f(_X))).any()
+    assert [u.op for u in _where_made(explain(f, _X))] == ["div"]
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: jnp.sum(jax.nn.relu(x) ** 2 + jnp.maximum(x, 0.0) * 3),
+        lambda x: jnp.sum(jnp.clip(x, -0.5, 1.0) ** 2),
+    ],
+    ids=["relu", "clip"],
+)
+def test_a_selection_s_coefficient_times_a_bounded_cotangent_is_not_reported(f):
+    """``maximum``'s and ``clip``'s JVP coefficients are where-made zeros
+    (before JAX 0.11 a ``div`` of two selections between constants); times a
+    cotangent with no singular operation behind it -- or times each other,
+    with no derivative at all -- they are no ``0 * inf``: clean, and finite."""
+    for T in (jax.grad, jax.hessian):
+        g = hlo_guard.guard(T(f))
+        assert np.isfinite(np.asarray(g(_X))).all()
+        assert not _where_made(explain(g, _X))
