@@ -435,9 +435,8 @@ class Scope:
         sites = self.plan.sites_for(self.mode)
         out_sites = self.plan.output_sites_by_node
         env = self.values.env
-        # gradient mode: side values keep their derivatives so that the
-        # guarded evaluation can share them (:mod:`shared_primal`); mask-only
-        # scopes never run() and stop them
+        # gradient mode: the guarded evaluation takes side values as primals
+        # (:mod:`shared_primal`); mask-only scopes never run() and never share
         self.values.sharing = self.mode == "gradient"
         rewritten = self.plan.rewritten_bodies(self.mode)
         contractions = self.plan.guarded_contractions

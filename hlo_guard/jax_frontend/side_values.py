@@ -5,9 +5,9 @@ not reached yet (a predicate downstream of the guarded operation).
 Side values are computed once per scope, from gradient-stopped inputs, never
 from an effectful equation (:class:`passes.masks.ShadowUnavailable` says
 why, and the guard is skipped and reported).  During a gradient-mode
-evaluation their inputs keep their derivatives instead, so that a contraction
-computed on the side can hand its values to the guarded evaluation
-(:mod:`hlo_guard.jax_frontend.shared_primal`) rather than be computed twice.
+evaluation a contraction computed on the side hands its values to the
+guarded evaluation as its primal (:mod:`hlo_guard.jax_frontend.shared_primal`)
+rather than be computed twice; its tangents come from the guarded binding.
 
 Split out of the interpreter's ``Scope``: this part only knows the jaxpr, not
 rules, masks or guards.
@@ -51,8 +51,9 @@ class ScopeValues:
             self.env[v] = c
         for v, a in zip(jaxpr.invars, args):
             self.env[v] = a
-        #: set while a gradient-mode evaluation runs: side inputs keep their
-        #: derivatives so that side values can be shared as primals
+        #: set while a gradient-mode evaluation runs: an equation whose
+        #: outputs were computed on the side takes them as its primal
+        #: (:mod:`shared_primal`); mask-only scopes never share
         self.sharing = False
         #: the scope is an inline call's body evaluated in place: side
         #: equations keep the call's location too (``eqn_context``)
@@ -117,10 +118,16 @@ class ScopeValues:
                 self.shadow[ov] = o
 
     def _side_input(self, atom):
-        """Side values are already gradient-free; guarded ones get cut here."""
+        """Side values are computed from gradient-stopped inputs, shared ones
+        too: a shared value is the primal of ``share_side_primal``'s
+        ``custom_jvp``, whose rule takes the tangents from the guarded
+        binding and never reads the side value's own; and under a JVP or
+        linearize trace an input without a tangent makes the side evaluation
+        bind on the parent trace, not be differentiated and then dropped
+        (``jax.jit(jax.grad(guard(f)))`` of a 2-layer transformer: 176 -> 146 ms
+        trace; 174 -> 151 equations in ``make_jaxpr`` of ``jax.jvp(guard(block))``)."""
         if isinstance(atom, Literal):
             return atom.val
         if atom in self.shadow:
             return self.shadow[atom]
-        value = self.value(atom)
-        return value if self.sharing else stop_if_inexact(value)
+        return stop_if_inexact(self.value(atom))

@@ -165,10 +165,9 @@ def _guards_in_side_trace(plan: GuardPlan, mode: str) -> tuple[Any, list] | None
         scope = Scope(plan.analysis, [], [], [ALL] * len(jaxpr.outvars), mode=mode)
         values = VariableValues(graph, side)
         scope.values = values
-        # as the interpreter's gradient-mode evaluation: side values keep their
-        # derivatives, and an equation whose outputs a mask computed on the side
-        # takes them as its primal (:mod:`shared_primal`), so that the program
-        # computes a contraction once
+        # as the interpreter's gradient-mode evaluation: an equation whose
+        # outputs a mask computed on the side takes them as its primal
+        # (:mod:`shared_primal`), so that the program computes a contraction once
         values.sharing = True
         todo = sorted(set(sites) | set(out_sites) | rebound)
         heapq.heapify(todo)
