@@ -562,6 +562,37 @@ def test_two_wheres_make_two_groups():
     assert r.to_text().count("SELECTED BY") == 2
 
 
+def test_a_wrapper_body_traced_elsewhere_first_names_this_call_site():
+    """JAX reuses the body it traced first for every later ``jnp.where`` of
+    that shape, and its equations carry the first call site's frame: a report
+    made after another function used ``jnp.where`` put both selections of
+    this one at that other line, and merged their groups (found when a test
+    file ran before this one)."""
+
+    @jax.custom_jvp
+    def elsewhere(x):
+        return jnp.sqrt(jnp.maximum(x, 0.0))
+
+    @elsewhere.defjvp
+    def _rule(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return elsewhere(x), jnp.where(x > 0, 0.5 / jnp.sqrt(x), 0.0) * t
+
+    # the first trace of this shape's ``_where``: JAX's JVP of the call traces the rule
+    jax.grad(hlo_guard.guard(lambda x: jnp.sum(elsewhere(x))))(X)
+
+    def f(x):
+        a = jnp.where(x > 0, jnp.sqrt(x), 0.0)
+        b = jnp.where(x < 3, jnp.log(x), 1.0)
+        return a + b
+
+    groups = explain(f, X).groups()
+    assert [len(sites) for _, sites in groups] == [1, 1]
+    lines = [int(origins[0].location.split(":")[1]) for origins, _ in groups]
+    first = f.__code__.co_firstlineno
+    assert lines == [first + 1, first + 2]
+
+
 def _guard_operands(analysis, out):
     """(graph, operand atom) of every planned guard, nested graphs included."""
     from passes.planning import plan_guards

@@ -95,11 +95,21 @@ class ScopeTree:
     # -- locations ----------------------------------------------------------------
     def location(self, graph, node: int) -> tuple[str, bool]:
         """(location, inherited): the equation's own user location, or that of
-        the nearest enclosing call that has one (``inherited`` is then True)."""
+        the nearest enclosing call that has one (``inherited`` is then True).
+
+        An equation of a JAX library wrapper's body (``jnp.where``'s ``_where``)
+        has no frame of its own but the caller's, and JAX reuses the body it
+        traced first for every later call of that shape: the user frame in
+        its traceback is the *first* call site's, which may be another
+        function's line.  Such an equation takes its call's location."""
         loc = eqn_location(graph.eqns[node])
+        p = self.parent(graph)
+        if loc and p is not None and _library_wrapper(_call_eqn(p)):
+            call_loc = eqn_location(_call_eqn(p))
+            if call_loc and call_loc != loc:
+                return call_loc, True
         if loc:
             return loc, False
-        p = self.parent(graph)
         while p is not None:
             loc = eqn_location(_call_eqn(p))
             if loc:
@@ -185,6 +195,15 @@ class ScopeTree:
                         uses.setdefault(v, []).append((n, i))
             cache[id(graph)] = uses
         return uses
+
+
+def _library_wrapper(call) -> bool:
+    """Whether ``call`` is a ``jit`` of a function defined inside JAX (the
+    ``jnp`` wrappers), from its body's debug info."""
+    body = call.params.get("jaxpr")
+    info = getattr(getattr(body, "jaxpr", body), "debug_info", None)
+    where = str(getattr(info, "func_src_info", "") or "").replace("\\", "/")
+    return " at " in where and "jax/_src/" in where.partition(" at ")[2]
 
 
 def _call_eqn(p: Parent):
