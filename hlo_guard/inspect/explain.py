@@ -35,6 +35,7 @@ from hlo_guard.jax_frontend.compat import jit_inlines
 from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken, is_inexact_aval
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
+from hlo_guard.jax_frontend.rules.custom_rule_hazards import custom_rule_hazards
 from hlo_guard.jax_frontend.rules.hazards import (
     where_made_zero_factors,
     where_made_zero_quotients,
@@ -163,11 +164,13 @@ class _Explainer:
             (site for sites in plan.sites_for(self.mode).values() for site in sites),
             key=lambda site: (site.node, site.index),
         )
-        # (a where-made zero factor or numerator is asked here, not while tracing)
+        # (a where-made zero factor or numerator, and a custom rule's own dead
+        # branch, are asked here, not while tracing)
         unguarded = (
             plan_guards(analysis)[1]
             + where_made_zero_factors(analysis)
             + where_made_zero_quotients(analysis)
+            + custom_rule_hazards(analysis)
         )
         out: list[SiteInfo] = []
         skipped = sorted(
