@@ -69,3 +69,19 @@ def in_installed_package(eqn) -> bool:
     except Exception:  # a foreign source_info object
         return False
     return any(m + os.sep in summary for m in ("site-packages", "dist-packages"))
+
+
+def traced_function(fun) -> tuple[str, str, bool]:
+    """``(name, short file:line, defined inside JAX)`` of the function a jaxpr
+    (or a ``ClosedJaxpr``, or a traced rule) was traced from, read from its
+    debug info ("sqrtC at /path/f.py:6"); ``("", "", False)`` where there is
+    none.  A function inside JAX (``jnp.where``'s ``_where``, ``defjvps``'s
+    rule) gets no location: its line is JAX's, not the user's."""
+    info = getattr(getattr(fun, "jaxpr", fun), "debug_info", None)
+    text = getattr(info, "func_src_info", None)
+    if not isinstance(text, str) or " at " not in text:
+        return "", "", False
+    name, _, where = text.partition(" at ")
+    if "jax/_src/" in where.replace("\\", "/"):
+        return name, "", True
+    return name, short_location(where), False

@@ -135,6 +135,14 @@ class DeadRegion:
     nodes: frozenset
     #: the values that have a partly dead use
     values: frozenset
+    #: the nodes with a nested graph (a body a placement may have to place)
+    bodies: frozenset
+
+    @property
+    def visited(self) -> frozenset:
+        """The nodes a sweep asks about for their own sake: a partly dead
+        use, or a body."""
+        return self.nodes | self.bodies
 
     @staticmethod
     def of(analysis: Analysis) -> DeadRegion:
@@ -144,7 +152,8 @@ class DeadRegion:
             if lv.level is not Level.LIVE and lv.reaches_output
         )
         values = frozenset(v for v, us in analysis.uses.items() if any(u in uses for u in us))
-        return DeadRegion(uses, frozenset(n for n, _ in uses), values)
+        bodies = frozenset(n for n, _ in analysis.subs)
+        return DeadRegion(uses, frozenset(n for n, _ in uses), values, bodies)
 
 
 def analyze(

@@ -184,8 +184,7 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
     region_values.update(
         v for v in output_reads if analysis.value_liveness(v).level is not Level.LIVE
     )
-    body_nodes = {n for n, _ in analysis.subs}
-    visited = region.nodes | body_nodes
+    visited = region.visited
     tangent_hazard = _tangent_hazards(analysis, input_list, ctx.input_tangent_hazards)
     nested_keys: dict = {}
     keys = ctx.keys if ctx.keys is not None else _mask_keys(analysis, None, nested_keys)
@@ -226,7 +225,9 @@ def _place(analysis: Analysis, ctx: _Context) -> Placement:
         if not decided and node not in visited:
             continue
         rule = rules.get(graph.op_name(node))
-        body = rule.called_body(analysis, node) if rule is not None and node in body_nodes else None
+        body = (
+            rule.called_body(analysis, node) if rule is not None and node in region.bodies else None
+        )
         transparent = body is not None and node in keys["transparent"]
         h_out = rule is None
         if decided:
@@ -334,7 +335,7 @@ def _mask_keys(analysis: Analysis, out_keys, nested: dict) -> dict:
     transparent: set[int] = set()  # nodes whose call body is seen through
     region = analysis.dead_region()
     use_liveness = analysis.use_liveness
-    visited = region.nodes | {n for n, _ in analysis.subs}
+    visited = region.visited
     for node in reversed(range(graph.node_count())):
         if node not in visited:
             # every use here that carries a derivative is fully live: its key

@@ -17,7 +17,7 @@ from typing import cast
 
 from hlo_guard.jax_frontend.bodies import CALL_BODY_PARAM, body_of
 from hlo_guard.jax_frontend.graph import DropVar, JaxprGraph, Literal
-from hlo_guard.source import eqn_location
+from hlo_guard.source import eqn_location, traced_function
 from passes.analysis import Analysis
 
 #: how many (graph, value) pairs a forward search may visit before giving up
@@ -200,10 +200,7 @@ class ScopeTree:
 def _library_wrapper(call) -> bool:
     """Whether ``call`` is a ``jit`` of a function defined inside JAX (the
     ``jnp`` wrappers), from its body's debug info."""
-    body = call.params.get("jaxpr")
-    info = getattr(getattr(body, "jaxpr", body), "debug_info", None)
-    where = str(getattr(info, "func_src_info", "") or "").replace("\\", "/")
-    return " at " in where and "jax/_src/" in where.partition(" at ")[2]
+    return traced_function(call.params.get("jaxpr"))[2]
 
 
 def _call_eqn(p: Parent):

@@ -137,7 +137,7 @@ class Scope:
         """The value of ``atom`` (what rules read to build masks)."""
         return self.values.value(atom)
 
-    def _shared_side(self, eqn):
+    def shared_side(self, eqn):
         """Side values of ``eqn``'s outputs that the guarded evaluation can
         take as its own primal values, or None."""
         name = eqn.primitive.name
@@ -449,7 +449,7 @@ class Scope:
                 and node not in out_sites
                 and node not in contractions
                 and node not in rewritten
-                and self._shared_side(eqn) is None
+                and self.shared_side(eqn) is None
             ):
                 outs = copy_unchanged(eqn, invals, call_site)
                 if outs is not None:
@@ -459,7 +459,7 @@ class Scope:
                     continue
             with eqn_context(eqn, self.at_call_site):
                 wide = self.guard_operands(node, eqn, sites.get(node, ()), invals)
-                outs = self.bind_node(node, eqn, invals, wide, self._shared_side(eqn))
+                outs = self.bind_node(node, eqn, invals, wide, self.shared_side(eqn))
                 for ov, o in zip(eqn.outvars, outs):
                     if not isinstance(ov, DropVar):
                         env[ov] = o
@@ -479,11 +479,6 @@ class Scope:
             if site.index not in wide:
                 invals[site.index] = self.shared_guard(node, site, invals[site.index])
         return wide
-
-    def shared_side(self, eqn):
-        """The side values a gradient-mode evaluation takes as ``eqn``'s
-        primal outputs (:mod:`shared_primal`), or None."""
-        return self._shared_side(eqn)
 
     def bind_node(self, node: int, eqn, invals, wide: dict[int, Any], side=None):
         """Bind ``node`` reading its (guarded) operands: with ``side`` (the

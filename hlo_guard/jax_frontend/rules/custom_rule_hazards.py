@@ -42,6 +42,8 @@ from hlo_guard.jax_frontend.bodies import body_of, scope_name
 from hlo_guard.jax_frontend.graph import JaxprGraph, is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
+from hlo_guard.jax_frontend.rules.hazards import same_predicate
+from hlo_guard.source import traced_function
 from passes.lattice import LIVE, NO_DERIVATIVE, join_all
 from passes.planning import UnguardedSite
 
@@ -282,33 +284,7 @@ def _matches_origins(graph, inner, origins) -> bool:
         theirs = _case_constant(g, outer)
         if theirs is None or theirs[0] != mine[0]:
             return False
-        if not _same_predicate(graph, inner.invars[0], g, outer.invars[0]):
-            return False
-    return True
-
-
-def _same_predicate(ga, a, gb, b) -> bool:
-    """One value, or two results of one operation on the same operands
-    (``x > 0`` written twice)."""
-    if ga.same_value(a, gb, b):
-        return True
-    ga, a = ga.value_source(a)
-    gb, b = gb.value_source(b)
-    pa = None if is_literal(a) else ga.producer(a)
-    pb = None if is_literal(b) else gb.producer(b)
-    if pa is None or pb is None:
-        return False
-    ea, eb = ga.eqns[pa[0]], gb.eqns[pb[0]]
-    if ea.primitive is not eb.primitive or ea.params != eb.params or pa[1] != pb[1]:
-        return False
-    if len(ea.invars) != len(eb.invars):
-        return False
-    for x, y in zip(ea.invars, eb.invars):
-        cx, cy = _constant(ga, x), _constant(gb, y)
-        if cx is not None or cy is not None:
-            if cx is None or cy is None or not np.array_equal(np.asarray(cx), np.asarray(cy)):
-                return False
-        elif not ga.same_value(x, gb, y):
+        if not same_predicate(graph, inner.invars[0], g, outer.invars[0]):
             return False
     return True
 
@@ -350,10 +326,10 @@ def _finite_chain(chain, case) -> bool:
 
 
 def _message(eqn, hazards) -> str:
-    name, _ = _source(eqn.params.get("call_jaxpr"))
+    name, _, _ = traced_function(eqn.params.get("call_jaxpr"))
     name = name or eqn.params.get("name") or scope_name("", eqn)
     which = "jvp_jaxpr_fun" if eqn.primitive.name == "custom_jvp_call" else "bwd"
-    rule_name, rule_at = _source(eqn.params.get(which))
+    rule_name, rule_at, _ = traced_function(eqn.params.get(which))
     rule = f" ({rule_name} at {rule_at})" if rule_at else ""
     if hazards[0].startswith("<"):
         return (
@@ -369,18 +345,3 @@ def _message(eqn, hazards) -> str:
         f"{shown} (0 * inf is NaN there; write the double where inside the rule: "
         "where(x > 0, 0.5 / sqrt(where(x > 0, x, 1)), 0))"
     )
-
-
-def _source(fun) -> tuple[str, str]:
-    """``(function name, short file:line)`` of a traced function, from its
-    JAX debug info ("sqrtC at /path/f.py:6"); empty where there is none."""
-    from hlo_guard.source import short_location
-
-    info = getattr(getattr(fun, "jaxpr", fun), "debug_info", None)
-    text = getattr(info, "func_src_info", None)
-    if not isinstance(text, str) or " at " not in text:
-        return "", ""
-    name, _, where = text.partition(" at ")
-    if "jax/_src/" in where.replace("\\", "/"):  # JAX's own wrapper (``defjvps``)
-        return name, ""
-    return name, short_location(where)

@@ -409,7 +409,7 @@ def _divisor_nonzero(graph, den, source, div) -> bool:
         len(eqn.invars) != len(seqn.invars)
         or eqn.outvars[0].aval.shape != shape
         or seqn.outvars[0].aval.shape != shape
-        or not _same_predicate(g, eqn.invars[0], sgraph, seqn.invars[0])
+        or not same_predicate(g, eqn.invars[0], sgraph, seqn.invars[0])
     ):
         return False
     return all(_nonzero(g, eqn.invars[1 + k]) for k in zero)
@@ -463,7 +463,7 @@ def _selection(graph, atom, depth: int = 8):
     return None
 
 
-def _same_predicate(ga, a, gb, b) -> bool:
+def same_predicate(ga, a, gb, b) -> bool:
     """Whether predicates ``a`` and ``b`` hold one value: the same value
     (:meth:`JaxprGraph.same_value`), or one comparison of the same values
     and constants written twice (``where(x > 0, log(where(x > 0, x, 1)),
