@@ -346,17 +346,19 @@ def test_or_with_a_broadcast_a_mask_lies_within_is_that_broadcast():
     inside = RNG.random((4, 3)) > 0.5
     inside &= row[:, None]  # the fact being recorded must hold
 
-    def f(r, s):
+    col = RNG.random(3) > 0.5
+
+    def f(r, s, c):
         wide = lax_ops.broadcast_in_dim(r, (4, 3), (0,))
         mask_ops.record_within(s, r, (0,))
         assert lax_ops.logical_or(s, wide) is wide
         assert lax_ops.logical_or(wide, s) is wide
-        # another broadcast of the same row (along the other axis) is not it
-        other = lax_ops.broadcast_in_dim(lax_ops.any(s, axis=0), (4, 3), (1,))
+        # a broadcast along the other axis, of a mask ``s`` is not known in, is not it
+        other = lax_ops.broadcast_in_dim(c, (4, 3), (1,))
         return lax_ops.logical_or(s, other)
 
-    got, jaxpr = traced(f, row, inside)
-    np.testing.assert_array_equal(got, inside | inside.any(axis=0)[None, :])
+    got, jaxpr = traced(f, row, inside, col)
+    np.testing.assert_array_equal(got, inside | col[None, :])
     assert "or" in used_prims(jaxpr)
 
 
@@ -486,3 +488,151 @@ def test_a_broadcast_mask_passed_into_a_call_body_stays_a_broadcast():
     assert reduced == []
     for got, want in zip(grad(x, w, rows), jax.grad(loss_dw, argnums=(0, 1))(x, w, rows)):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_mask_lies_within_its_own_any_spread_back():
+    """``any(s, axis)`` spread back over ``axis`` contains ``s``: the OR of
+    the two (a softmax's input mask: its output lanes, or every lane of a
+    row with one) is that broadcast, with no ``or`` in the program; with
+    ``keepdims`` the result is a broadcast of the reduction itself."""
+    inside = RNG.random((4, 3)) > 0.6
+
+    def f(s):
+        row = lax_ops.any(s, axis=1)
+        wide = lax_ops.broadcast_in_dim(row, (4, 3), (0,))
+        assert lax_ops.logical_or(s, wide) is wide
+        assert lax_ops.logical_or(wide, s) is wide
+        kept = lax_ops.any(s, axis=1, keepdims=True)
+        assert lax_ops.reshape(kept, (4,)) is mask_ops.broadcast_source(kept)[0]
+        # the other axis is not the one reduced: no such fact
+        col = lax_ops.broadcast_in_dim(lax_ops.any(s, axis=0), (4, 3), (1,))
+        return lax_ops.logical_or(lax_ops.logical_or(s, wide), col)
+
+    got, jaxpr = traced(f, inside)
+    want = inside.any(axis=1)[:, None] | inside.any(axis=0)[None, :]
+    np.testing.assert_array_equal(got, np.broadcast_to(want, (4, 3)))
+    assert used_prims(jaxpr).count("or") == 1
+
+
+def test_a_gather_mask_keeps_its_row_fact_beside_its_own_any():
+    """Both facts about one mask are kept: the gather rule's (within the
+    row mask) and the one its ``any`` adds."""
+    row = np.array([True, False, True, True])
+    inside = (RNG.random((4, 3)) > 0.5) & row[:, None]
+
+    def f(r, s):
+        mask_ops.record_within(s, r, (0,))
+        lax_ops.any(s, axis=0)  # records s within its column any
+        wide = lax_ops.broadcast_in_dim(r, (4, 3), (0,))
+        assert lax_ops.logical_or(s, wide) is wide
+        return wide
+
+    traced(f, row, inside)
+
+
+def _log_softmax_cross_entropy(w, h, labels, rows):
+    """Next-token cross entropy the usual way: ``log_softmax`` of a
+    projection, the label's lane taken, averaged over real rows; the rows'
+    norm is made safe with ``where`` (``sqrt'(0)`` in a padding row)."""
+    n2 = jnp.sum(h * h, axis=-1, keepdims=True)
+    z = jnp.where(n2 > 0, h / jnp.sqrt(n2), 0.0)
+    logp = jax.nn.log_softmax(z @ w, axis=-1)
+    nll = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+    return jnp.sum(jnp.where(rows, nll, 0.0)) / jnp.maximum(jnp.sum(rows), 1)
+
+
+def test_log_softmax_cross_entropy_weights_are_not_zeroed_lane_by_lane():
+    """The projection's weights are live in every lane as soon as one row is
+    (``log_softmax`` reads every logit of a live row): their mask is one bit,
+    so the contraction does not zero them lane by lane -- no select of the
+    weights' shape in the compiled gradient -- and the gradient equals the
+    hand double where's, with a padding row's ``h`` exactly zero."""
+    rng = np.random.default_rng(3)
+    w = jnp.asarray(rng.normal(size=(5, 7)), jnp.float32)
+    h = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32).at[4].set(0.0)
+    labels = jnp.array([0, 6, 3, 2, 1, 5])
+    rows = jnp.array([True, True, False, True, False, True])
+
+    def loss_dw(w, h, labels, rows):
+        n2 = jnp.sum(h * h, axis=-1, keepdims=True)
+        safe = jnp.where(n2 > 0, n2, 1.0)
+        z = jnp.where(n2 > 0, h / jnp.sqrt(safe), 0.0)
+        logp = jax.nn.log_softmax(z @ w, axis=-1)
+        nll = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+        return jnp.sum(jnp.where(rows, nll, 0.0)) / jnp.maximum(jnp.sum(rows), 1)
+
+    guarded = guard(_log_softmax_cross_entropy)
+    text = jax.jit(jax.grad(guarded)).lower(w, h, labels, rows).compile().as_text()
+    assert " f32[5,7]{1,0} select(" not in text
+    got = jax.grad(guarded, argnums=(0, 1))(w, h, labels, rows)
+    want = jax.grad(loss_dw, argnums=(0, 1))(w, h, labels, rows)
+    for g, d in zip(got, want):
+        np.testing.assert_allclose(g, d, rtol=1e-5, atol=1e-6)
+    assert np.all(np.asarray(got[1])[4] == 0)
+
+
+def test_absorption_needs_no_second_or_and():
+    """``a | (a & b)`` is ``a``, ``(a | b) | b`` is ``a | b`` and ``(a & b) & a``
+    is ``a & b``, for masks and for broadcasts of them along the same axes
+    (a value read by several uses ORs their masks; one is often another's
+    ``and`` with more): one ``and`` and one ``or`` in the program."""
+    a = RNG.random((4,)) > 0.4
+    b = RNG.random((4,)) > 0.4
+
+    def f(a, b):
+        both = lax_ops.logical_and(a, b)
+        assert lax_ops.logical_or(a, both) is a
+        assert lax_ops.logical_and(both, a) is both
+        union = lax_ops.logical_or(a, b)
+        assert lax_ops.logical_or(union, b) is union
+        # the same facts through broadcasts of the masks along one axis
+        wide = lambda m: lax_ops.broadcast_in_dim(m, (4, 3), (0,))  # noqa: E731
+        assert mask_ops.broadcast_source(lax_ops.logical_or(wide(a), wide(both)))[0] is a
+        return lax_ops.logical_or(wide(b), wide(union))
+
+    got, jaxpr = traced(f, a, b)
+    np.testing.assert_array_equal(got, np.broadcast_to((a | b)[:, None], (4, 3)))
+    used = used_prims(jaxpr)
+    assert used.count("or") == 1 and used.count("and") == 0
+
+
+def test_a_broadcast_of_a_broadcast_with_its_axes_reordered_keeps_the_source():
+    """A per-row mask spread over heads (``[B, H, T]``) and placed into a
+    projection's layout with its axes in another order (``[B, T, H, D]``) is
+    one broadcast of the row mask: reordering moves the small source, so an
+    ``any`` over the rows afterwards (a weight's column mask) is one bit,
+    with no transpose of the spread mask in the program."""
+    rows = RNG.random((2, 8)) > 0.5
+
+    def f(r):
+        wide = lax_ops.broadcast_in_dim(r, (2, 3, 8), (0, 2))
+        moved = lax_ops.broadcast_in_dim(wide, (2, 8, 3, 5), (0, 2, 1))
+        assert mask_ops.broadcast_source(moved)[0] is r
+        columns = lax_ops.any(moved, axis=(0, 1))
+        assert mask_ops.is_one_bit(columns)
+        return moved
+
+    got, jaxpr = traced(f, rows)
+    np.testing.assert_array_equal(got, np.broadcast_to(rows[:, :, None, None], (2, 8, 3, 5)))
+    assert "transpose" not in used_prims(jaxpr)
+
+
+def test_transformer_weights_are_not_zeroed_lane_by_lane():
+    """In a two-layer pre-norm transformer (the ``make bench`` workload at a tiny
+    size) a projection weight is dead only when every token is: the masks
+    that reach it go through per-head layouts, and kept as broadcasts of the
+    row mask they are one bit, so no weight is zeroed lane by lane (no
+    select of a weight's shape in the compiled gradient).  The gradient
+    equals the hand double where's."""
+    from benchmarks.workloads.transformer_2layer import WORKLOAD
+
+    params, x, targets, tok_mask = WORKLOAD.make_inputs((2, 8, 16, 2, 11), 0)
+    args = (params, x, targets, tok_mask)
+    guarded = guard(WORKLOAD.loss)
+    text = jax.jit(jax.grad(guarded)).lower(*args).compile().as_text()
+    assert " f32[16,16]{1,0} select(" not in text
+    assert " f32[16,11]{1,0} select(" not in text
+    got = jax.grad(guarded)(*args)
+    want = jax.grad(WORKLOAD.loss_dw)(*args)
+    for g, d in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(g, d, rtol=1e-4, atol=1e-5)

@@ -74,6 +74,35 @@ class _Broadcasts:
 
 _BROADCASTS = _Broadcasts()
 
+
+class _Within(_Broadcasts):
+    """:class:`_Broadcasts` with several entries per mask: one mask may be
+    known to lie within more than one broadcast (a gather's row mask, and
+    its own ``any`` spread back over the reduced axes)."""
+
+    def record(self, out, source, dims):
+        if not isinstance(out, jax.core.Tracer):
+            return out
+        key = id(out)
+        entry = self._by_id.get(key)
+        if entry is not None and entry[0]() is out:
+            entry[1].append((source, tuple(dims)))
+            return out
+
+        def forget(_ref, key=key, table=self._by_id):
+            table.pop(key, None)
+
+        self._by_id[key] = (weakref.ref(out, forget), [(source, tuple(dims))])
+        return out
+
+    def of(self, x):
+        """Every ``(source, dims)`` recorded for ``x`` (maybe none)."""
+        entry = self._by_id.get(id(x))
+        if entry is None or entry[0]() is not x:
+            return ()
+        return entry[1]
+
+
 #: Masks known to lie *within* a broadcast: ``mask <= broadcast_in_dim(source,
 #: shape, dims)`` lane by lane (same table mechanics as :data:`_BROADCASTS`).
 #: A gather's operand mask is a scatter of its output mask; when that output
@@ -83,7 +112,12 @@ _BROADCASTS = _Broadcasts()
 #: then ORs the scatter with the row mask it lies within: knowing that, the
 #: OR is the row mask, and the scatter (a full-size kernel in the gradient)
 #: is never used.
-_WITHIN = _Broadcasts()
+#: Other facts of the same form, recorded as masks are made: a mask lies
+#: within its ``any`` spread back over the reduced axes (a softmax's input
+#: mask ORs its output mask with exactly that), each operand within an OR,
+#: an AND within each operand (so ``a | (a & b)`` and ``(a | b) | b`` need no
+#: second operation: a value read by several uses ORs their masks).
+_WITHIN = _Within()
 
 #: Masks that are a reshape of a recorded broadcast which the reshape could not
 #: keep a broadcast: ``out = reshape(broadcast, shape of out)``, the entry's
@@ -127,8 +161,32 @@ def _same_broadcast(a, b) -> bool:
 
 
 def _within(a, b) -> bool:
-    """Whether ``a`` is known to lie within ``b`` (``a | b == b``)."""
-    return _broadcasts(b, np.shape(a), _WITHIN.of(a))
+    """Whether ``a`` is known to lie within ``b`` (``a | b == b``): recorded
+    for ``a`` itself, or for its broadcast source when ``b`` broadcasts a
+    source along the same axes."""
+    if not isinstance(a, jax.core.Tracer) or not isinstance(b, jax.core.Tracer):
+        return False
+    if any(_broadcasts(b, np.shape(a), found) for found in _WITHIN.of(a)):
+        return True
+    if np.shape(a) != np.shape(b):
+        return False
+    (sa, da), (sb, db) = broadcast_source(a), broadcast_source(b)
+    if (sa is a and sb is b) or tuple(da) != tuple(db):
+        return False
+    return sa is sb or _within(sa, sb)
+
+
+def _record_within_mask(inner, outer) -> None:
+    """Note that traced mask ``inner`` lies within ``outer`` of the same
+    shape, by ``outer``'s broadcast source (so that ``outer`` and every other
+    broadcast of that source along the same axes are recognised)."""
+    if (
+        isinstance(inner, jax.core.Tracer)
+        and isinstance(outer, jax.core.Tracer)
+        and inner is not outer
+        and np.shape(inner) == np.shape(outer)
+    ):
+        record_within(inner, *broadcast_source(outer))
 
 
 def broadcast_source(x):
@@ -143,8 +201,16 @@ def broadcast_source(x):
 
 def lax_broadcast_in_dim(source, shape, dims):
     """``lax.broadcast_in_dim`` of a mask, remembered (see :class:`_Broadcasts`).
-    Stretched size-1 axes of ``source`` are squeezed out first."""
+    A broadcast of a broadcast is one broadcast of the first one's source --
+    composed before anything else, so that reordering the axes (``dims`` not
+    increasing) moves the small source, never a remembered broadcast that a
+    raw transpose would forget.  Stretched size-1 axes of the source are
+    squeezed out."""
     shape, dims = tuple(shape), [int(d) for d in dims]
+    inner = _BROADCASTS.of(source)
+    if inner is not None:
+        source, inner_dims = inner
+        dims = [dims[k] for k in inner_dims]
     src_shape = np.shape(source)
     stretched = [k for k, d in enumerate(dims) if src_shape[k] == 1 and shape[d] != 1]
     if stretched:
@@ -158,10 +224,6 @@ def lax_broadcast_in_dim(source, shape, dims):
         dims = sorted(dims)
     if tuple(np.shape(source)) == shape:
         return source
-    inner = _BROADCASTS.of(source)
-    if inner is not None:  # a broadcast of a broadcast: one broadcast of the source
-        source, inner_dims = inner
-        dims = [dims[k] for k in inner_dims]
     out = lax.broadcast_in_dim(source, shape, tuple(dims))
     return _BROADCASTS.record(out, source, dims)
 
@@ -171,7 +233,7 @@ def _lift(source, dims, union, shape):
     target = tuple(shape[u] for u in union)
     if tuple(dims) == tuple(union):
         return source
-    return lax.broadcast_in_dim(source, target, tuple(union.index(d) for d in dims))
+    return lax_broadcast_in_dim(source, target, tuple(union.index(d) for d in dims))
 
 
 class _LaxOps:
@@ -203,6 +265,12 @@ class _LaxOps:
             return a
         if _same_broadcast(a, b):  # two broadcasts of one source, same axes
             return a
+        # absorption (``a | (a & b)`` is ``a``): a value read by several uses
+        # ORs their masks, and one is often another's ``and`` with more
+        if _within(a, b):
+            return b if op is lax.bitwise_or else a
+        if _within(b, a):
+            return a if op is lax.bitwise_or else b
         a, b = _LaxOps._pair(a, b)
         shape = tuple(np.shape(a))
         if (
@@ -214,9 +282,16 @@ class _LaxOps:
             (sa, da), (sb, db) = broadcast_source(a), broadcast_source(b)
             union = tuple(sorted(set(da) | set(db)))
             if len(union) < len(shape):
-                small = op(_lift(sa, da, union, shape), _lift(sb, db, union, shape))
+                la, lb = _lift(sa, da, union, shape), _lift(sb, db, union, shape)
+                small = _LaxOps._bitwise(op, la, lb)
                 return lax_broadcast_in_dim(small, shape, union)
-        return op(a, b)
+        out = op(a, b)
+        for part in (a, b):
+            if op is lax.bitwise_or:
+                _record_within_mask(part, out)
+            else:
+                _record_within_mask(out, part)
+        return out
 
     @staticmethod
     def logical_and(a, b):
@@ -224,10 +299,6 @@ class _LaxOps:
 
     @staticmethod
     def logical_or(a, b):
-        if _within(a, b):
-            return b
-        if _within(b, a):
-            return a
         return _LaxOps._bitwise(lax.bitwise_or, a, b)
 
     @staticmethod
@@ -289,8 +360,13 @@ class _LaxOps:
                 new_dims = [kept.index(d) for d in left]
             return lax_broadcast_in_dim(reduced, out_shape, new_dims)
         out = lax.reduce_or(a, axes) if axes else a
+        if axes and isinstance(out, jax.core.Tracer):
+            # ``a`` lies within its ``any`` spread back over the reduced axes:
+            # a softmax's input mask ORs its output mask with exactly that
+            record_within(a, out, kept)
         if keepdims:
-            out = lax.reshape(out, out_shape)
+            # only size-1 axes inserted: remembered as a broadcast of ``out``
+            out = _LaxOps.reshape(out, out_shape)
         return out
 
     @staticmethod
