@@ -636,3 +636,25 @@ def test_transformer_weights_are_not_zeroed_lane_by_lane():
     want = jax.grad(WORKLOAD.loss_dw)(*args)
     for g, d in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(g, d, rtol=1e-4, atol=1e-5)
+
+
+def test_one_broadcast_per_source_shape_and_axes_in_a_trace():
+    """A mask spread to one shape along the same axes twice is one equation
+    (rules spread a row mask to the shape of every value they guard); a
+    trace nested inside makes its own (reusing the outer trace's tracer there
+    would leak it)."""
+    row = RNG.random(4) > 0.5
+
+    def f(r):
+        a = lax_ops.broadcast_in_dim(r, (4, 3), (0,))
+        assert lax_ops.broadcast_in_dim(r, (4, 3), (0,)) is a
+        assert lax_ops.broadcast_in_dim(r, (4, 5), (0,)) is not a
+        inner = jax.make_jaxpr(lambda y: lax_ops.broadcast_in_dim(r, (4, 3), (0,)) & y)(
+            np.ones((4, 3), bool)
+        )
+        assert "broadcast_in_dim" in prims(inner.jaxpr)
+        return lax_ops.logical_and(a, lax_ops.broadcast_in_dim(r, (4, 3), (0,)))
+
+    got, jaxpr = traced(f, row)
+    np.testing.assert_array_equal(got, np.broadcast_to(row[:, None], (4, 3)))
+    assert used_prims(jaxpr) == ["broadcast_in_dim"]

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax import lax
 
+from hlo_guard.jax_frontend.compat import current_trace
 from passes.masks import ALL, NONE, MaskAlgebra
 
 
@@ -224,8 +225,48 @@ def lax_broadcast_in_dim(source, shape, dims):
         dims = sorted(dims)
     if tuple(np.shape(source)) == shape:
         return source
+    made = _MADE_BROADCASTS.get(source, shape, dims)
+    if made is not None:
+        return made
     out = lax.broadcast_in_dim(source, shape, tuple(dims))
+    _MADE_BROADCASTS.put(source, shape, dims, out)
     return _BROADCASTS.record(out, source, dims)
+
+
+class _MadeBroadcasts:
+    """The broadcasts :func:`lax_broadcast_in_dim` has made, by source,
+    shape and axes: a row mask is spread to the same shape by many rules
+    (every guard of a ``[B, T, D]`` value under a row mask), and each fresh
+    ``broadcast_in_dim`` is one more equation to trace, lower and compile.
+    An entry is reused only in the trace that made it (a tracer of another
+    trace would leak), and dies with its source or its broadcast."""
+
+    def __init__(self):
+        self._by_key: dict[tuple, tuple[Any, Any]] = {}
+
+    def get(self, source, shape, dims):
+        if not isinstance(source, jax.core.Tracer):
+            return None
+        entry = self._by_key.get((id(source), shape, tuple(dims)))
+        if entry is None or entry[0]() is not source:
+            return None
+        out = entry[1]()
+        if out is None or getattr(out, "_trace", None) is not current_trace():
+            return None
+        return out
+
+    def put(self, source, shape, dims, out) -> None:
+        if not isinstance(source, jax.core.Tracer) or not isinstance(out, jax.core.Tracer):
+            return
+        key = (id(source), shape, tuple(dims))
+
+        def forget(_ref, key=key, table=self._by_key):
+            table.pop(key, None)
+
+        self._by_key[key] = (weakref.ref(source, forget), weakref.ref(out, forget))
+
+
+_MADE_BROADCASTS = _MadeBroadcasts()
 
 
 def _lift(source, dims, union, shape):
