@@ -658,3 +658,40 @@ def test_one_broadcast_per_source_shape_and_axes_in_a_trace():
     got, jaxpr = traced(f, row)
     np.testing.assert_array_equal(got, np.broadcast_to(row[:, None], (4, 3)))
     assert used_prims(jaxpr) == ["broadcast_in_dim"]
+
+
+def test_any_over_a_broadcast_still_knows_the_mask_lies_within_it():
+    """The fact ``s <= spread(any(s))`` holds however ``any`` is computed:
+    over a remembered broadcast it reduces the source, and the OR of ``s``
+    with its spread ``any`` is still that spread, with no ``or``."""
+    inside = RNG.random((4, 3)) > 0.6
+
+    def f(m):
+        s = lax_ops.broadcast_in_dim(m, (4, 3, 2), (0, 1))
+        rows = lax_ops.any(s, axis=1)  # [4, 2]: a broadcast of any(m, 1)
+        spread = lax_ops.broadcast_in_dim(rows, (4, 3, 2), (0, 2))
+        assert lax_ops.logical_or(s, spread) is spread
+        kept = lax_ops.any(s, axis=(1,), keepdims=True)
+        assert lax_ops.logical_or(s, lax_ops.broadcast_to(kept, (4, 3, 2))) is not s
+        return lax_ops.logical_or(s, lax_ops.broadcast_to(kept, (4, 3, 2)))
+
+    got, jaxpr = traced(f, inside)
+    want = np.broadcast_to(inside.any(axis=1)[:, None, None], (4, 3, 2))
+    np.testing.assert_array_equal(got, want)
+    assert "or" not in used_prims(jaxpr)
+
+
+def test_a_stretched_size_one_axis_is_squeezed_once():
+    """Spreading a ``[B, 1]`` mask over its size-1 axis squeezes it first;
+    doing so twice in a trace makes one squeeze and one broadcast."""
+    col = RNG.random((4, 1)) > 0.5
+
+    def f(c):
+        a = lax_ops.broadcast_in_dim(c, (4, 3), (0, 1))
+        assert lax_ops.broadcast_in_dim(c, (4, 3), (0, 1)) is a
+        return a
+
+    got, jaxpr = traced(f, col)
+    np.testing.assert_array_equal(got, np.broadcast_to(col, (4, 3)))
+    assert prims(jaxpr).count("reshape") == 1
+    assert prims(jaxpr).count("broadcast_in_dim") == 1

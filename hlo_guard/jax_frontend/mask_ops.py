@@ -215,7 +215,7 @@ def lax_broadcast_in_dim(source, shape, dims):
     src_shape = np.shape(source)
     stretched = [k for k, d in enumerate(dims) if src_shape[k] == 1 and shape[d] != 1]
     if stretched:
-        source = lax.reshape(
+        source = _LaxOps._raw_reshape(
             source, tuple(n for k, n in enumerate(src_shape) if k not in stretched)
         )
         dims = [d for k, d in enumerate(dims) if k not in stretched]
@@ -225,29 +225,29 @@ def lax_broadcast_in_dim(source, shape, dims):
         dims = sorted(dims)
     if tuple(np.shape(source)) == shape:
         return source
-    made = _MADE_BROADCASTS.get(source, shape, dims)
+    made = _MADE.get("broadcast", source, shape, tuple(dims))
     if made is not None:
         return made
     out = lax.broadcast_in_dim(source, shape, tuple(dims))
-    _MADE_BROADCASTS.put(source, shape, dims, out)
+    _MADE.put("broadcast", source, (shape, tuple(dims)), out)
     return _BROADCASTS.record(out, source, dims)
 
 
-class _MadeBroadcasts:
-    """The broadcasts :func:`lax_broadcast_in_dim` has made, by source,
-    shape and axes: a row mask is spread to the same shape by many rules
-    (every guard of a ``[B, T, D]`` value under a row mask), and each fresh
-    ``broadcast_in_dim`` is one more equation to trace, lower and compile.
-    An entry is reused only in the trace that made it (a tracer of another
-    trace would leak), and dies with its source or its broadcast."""
+class _MadeMasks:
+    """The layout operations (``broadcast_in_dim``, ``reshape``) the mask
+    operations have made, by operation, source and parameters: a row mask is
+    spread to the same shape by many rules (every guard of a ``[B, T, D]``
+    value under a row mask), and each fresh equation is one more to trace,
+    lower and compile.  An entry is reused only in the trace that made it (a
+    tracer of another trace would leak), and dies with its source or result."""
 
     def __init__(self):
         self._by_key: dict[tuple, tuple[Any, Any]] = {}
 
-    def get(self, source, shape, dims):
+    def get(self, kind: str, source, *params):
         if not isinstance(source, jax.core.Tracer):
             return None
-        entry = self._by_key.get((id(source), shape, tuple(dims)))
+        entry = self._by_key.get((kind, id(source), *params))
         if entry is None or entry[0]() is not source:
             return None
         out = entry[1]()
@@ -255,18 +255,18 @@ class _MadeBroadcasts:
             return None
         return out
 
-    def put(self, source, shape, dims, out) -> None:
-        if not isinstance(source, jax.core.Tracer) or not isinstance(out, jax.core.Tracer):
-            return
-        key = (id(source), shape, tuple(dims))
+    def put(self, kind: str, source, params: tuple, out):
+        if isinstance(source, jax.core.Tracer) and isinstance(out, jax.core.Tracer):
+            key = (kind, id(source), *params)
 
-        def forget(_ref, key=key, table=self._by_key):
-            table.pop(key, None)
+            def forget(_ref, key=key, table=self._by_key):
+                table.pop(key, None)
 
-        self._by_key[key] = (weakref.ref(source, forget), weakref.ref(out, forget))
+            self._by_key[key] = (weakref.ref(source, forget), weakref.ref(out, forget))
+        return out
 
 
-_MADE_BROADCASTS = _MadeBroadcasts()
+_MADE = _MadeMasks()
 
 
 def _lift(source, dims, union, shape):
@@ -374,6 +374,17 @@ class _LaxOps:
         )
         axes = tuple(sorted(int(d) % max(len(shape), 1) for d in axes))
         kept = [d for d in range(len(shape)) if d not in axes]
+        out = _LaxOps._any_over(a, shape, axes, kept, keepdims)
+        if any(shape[d] != 1 for d in axes) and isinstance(a, jax.core.Tracer):
+            # ``a`` lies within its ``any`` spread back over the reduced axes
+            # (a softmax's input mask ORs its output mask with exactly that)
+            source, dims = broadcast_source(out)
+            record_within(a, source, dims if keepdims else [kept[d] for d in dims])
+        return out
+
+    @staticmethod
+    def _any_over(a, shape, axes, kept, keepdims):
+        """``any`` of ``a`` over ``axes`` (see :meth:`any`)."""
         out_shape = (
             tuple(1 if d in axes else n for d, n in enumerate(shape))
             if keepdims
@@ -382,29 +393,22 @@ class _LaxOps:
         if all(shape[d] == 1 for d in axes):  # nothing to reduce
             return _LaxOps.reshape(a, out_shape)
         reshaped = _RESHAPED.of(a)
-        if reshaped is not None and axes:
+        if reshaped is not None:
             pre_axes = _axes_before_reshape(np.shape(reshaped[0]), shape, axes)
             if pre_axes is not None:
                 small = _LaxOps.any(reshaped[0], pre_axes)
                 return _LaxOps.reshape(small, out_shape)
         found = _BROADCASTS.of(a)
-        if found is not None and axes:
+        if found is not None:
             # any() over a broadcast axis is the source itself: reduce only the
             # source's own axes, then broadcast the (smaller) result
             source, dims = found
             own = tuple(k for k, d in enumerate(dims) if d in axes)
             reduced = lax.reduce_or(source, own) if own else source
             left = [d for d in dims if d not in axes]
-            if keepdims:
-                new_dims = left
-            else:
-                new_dims = [kept.index(d) for d in left]
+            new_dims = left if keepdims else [kept.index(d) for d in left]
             return lax_broadcast_in_dim(reduced, out_shape, new_dims)
-        out = lax.reduce_or(a, axes) if axes else a
-        if axes and isinstance(out, jax.core.Tracer):
-            # ``a`` lies within its ``any`` spread back over the reduced axes:
-            # a softmax's input mask ORs its output mask with exactly that
-            record_within(a, out, kept)
+        out = lax.reduce_or(a, axes)
         if keepdims:
             # only size-1 axes inserted: remembered as a broadcast of ``out``
             out = _LaxOps.reshape(out, out_shape)
@@ -423,14 +427,25 @@ class _LaxOps:
             moved = _reshape_broadcast(found[0], found[1], tuple(np.shape(a)), shape)
             if moved is not None:
                 return moved
-            return _RESHAPED.record(lax.reshape(a, shape), a, ())
-        out = lax.reshape(a, shape)
+            return _RESHAPED.record(_LaxOps._raw_reshape(a, shape), a, ())
+        made = _MADE.get("reshape", a, shape)
+        if made is not None:
+            return made
+        out = _LaxOps._raw_reshape(a, shape)
         old = tuple(np.shape(a))
         kept = [d for d, n in enumerate(shape) if n != 1]
         if 1 not in old and tuple(shape[d] for d in kept) == old:
             # only size-1 axes inserted (``[B] -> [B, 1]``): a broadcast of ``a``
             _BROADCASTS.record(out, a, kept)
         return out
+
+    @staticmethod
+    def _raw_reshape(a, shape):
+        """``lax.reshape``, one equation per operand and shape in a trace."""
+        made = _MADE.get("reshape", a, shape)
+        if made is not None:
+            return made
+        return _MADE.put("reshape", a, (shape,), lax.reshape(a, shape))
 
     @staticmethod
     def transpose(a, perm):
