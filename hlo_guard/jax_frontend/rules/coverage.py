@@ -117,7 +117,6 @@ CONSERVATIVE_ON_PURPOSE: dict[str, str] = {
             "call_exported",
             "composite",
             "compute_on",
-            "random_gamma",
             "call",
             "buffer_callback",
             "stage",

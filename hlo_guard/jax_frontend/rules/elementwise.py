@@ -225,6 +225,10 @@ NONLINEAR_ELEMENTWISE = [
     "bessel_i1e",
     "regularized_incomplete_beta",
     "nextafter",
+    # ``random_gamma(key, a)``: lane ``i`` of the sample is drawn with ``a[i]``
+    # (the key is split per lane inside), and its derivative is
+    # ``random_gamma_grad(a, sample) * t``, NaN for ``a <= 0``
+    "random_gamma",
 ]
 
 ZERO_DERIVATIVE = [
