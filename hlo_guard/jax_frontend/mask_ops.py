@@ -34,6 +34,17 @@ def xp(*arrays):
     return np if all(is_static(a) for a in arrays) else lax_ops
 
 
+def _weak_refs(table: dict, key, *objects) -> tuple:
+    """Weak references to ``objects``; when any of them dies, ``table[key]``
+    goes with it (so nothing a table remembers outlives the trace that made
+    it)."""
+
+    def forget(_ref, key=key, table=table):
+        table.pop(key, None)
+
+    return tuple(weakref.ref(o, forget) for o in objects)
+
+
 class _Broadcasts:
     """Which traced masks are broadcasts, and of what.
 
@@ -58,11 +69,8 @@ class _Broadcasts:
         if not isinstance(out, jax.core.Tracer):
             return out
         key = id(out)
-
-        def forget(_ref, key=key, table=self._by_id):
-            table.pop(key, None)
-
-        self._by_id[key] = (weakref.ref(out, forget), source, tuple(dims))
+        (ref,) = _weak_refs(self._by_id, key, out)
+        self._by_id[key] = (ref, source, tuple(dims))
         return out
 
     def of(self, x):
@@ -89,11 +97,8 @@ class _Within(_Broadcasts):
         if entry is not None and entry[0]() is out:
             entry[1].append((source, tuple(dims)))
             return out
-
-        def forget(_ref, key=key, table=self._by_id):
-            table.pop(key, None)
-
-        self._by_id[key] = (weakref.ref(out, forget), [(source, tuple(dims))])
+        (ref,) = _weak_refs(self._by_id, key, out)
+        self._by_id[key] = (ref, [(source, tuple(dims))])
         return out
 
     def of(self, x):
@@ -225,11 +230,10 @@ def lax_broadcast_in_dim(source, shape, dims):
         dims = sorted(dims)
     if tuple(np.shape(source)) == shape:
         return source
-    made = _MADE.get("broadcast", source, shape, tuple(dims))
-    if made is not None:
-        return made
-    out = lax.broadcast_in_dim(source, shape, tuple(dims))
-    _MADE.put("broadcast", source, (shape, tuple(dims)), out)
+    dims = tuple(dims)
+    out = _MADE.made(
+        "broadcast", source, (shape, dims), lambda: lax.broadcast_in_dim(source, shape, dims)
+    )
     return _BROADCASTS.record(out, source, dims)
 
 
@@ -244,25 +248,20 @@ class _MadeMasks:
     def __init__(self):
         self._by_key: dict[tuple, tuple[Any, Any]] = {}
 
-    def get(self, kind: str, source, *params):
+    def made(self, kind: str, source, params: tuple, make):
+        """The result ``make()`` gave for ``(kind, source, params)`` earlier
+        in the current trace, else ``make()`` now, remembered."""
         if not isinstance(source, jax.core.Tracer):
-            return None
-        entry = self._by_key.get((kind, id(source), *params))
-        if entry is None or entry[0]() is not source:
-            return None
-        out = entry[1]()
-        if out is None or getattr(out, "_trace", None) is not current_trace():
-            return None
-        return out
-
-    def put(self, kind: str, source, params: tuple, out):
-        if isinstance(source, jax.core.Tracer) and isinstance(out, jax.core.Tracer):
-            key = (kind, id(source), *params)
-
-            def forget(_ref, key=key, table=self._by_key):
-                table.pop(key, None)
-
-            self._by_key[key] = (weakref.ref(source, forget), weakref.ref(out, forget))
+            return make()
+        key = (kind, id(source), *params)
+        entry = self._by_key.get(key)
+        if entry is not None and entry[0]() is source:
+            out = entry[1]()
+            if out is not None and getattr(out, "_trace", None) is current_trace():
+                return out
+        out = make()
+        if isinstance(out, jax.core.Tracer):
+            self._by_key[key] = _weak_refs(self._by_key, key, source, out)
         return out
 
 
@@ -439,10 +438,7 @@ class _LaxOps:
     @staticmethod
     def _raw_reshape(a, shape):
         """``lax.reshape``, one equation per operand and shape in a trace."""
-        made = _MADE.get("reshape", a, shape)
-        if made is not None:
-            return made
-        return _MADE.put("reshape", a, (shape,), lax.reshape(a, shape))
+        return _MADE.made("reshape", a, (shape,), lambda: lax.reshape(a, shape))
 
     @staticmethod
     def transpose(a, perm):
