@@ -695,3 +695,30 @@ def test_a_stretched_size_one_axis_is_squeezed_once():
     np.testing.assert_array_equal(got, np.broadcast_to(col, (4, 3)))
     assert prims(jaxpr).count("reshape") == 1
     assert prims(jaxpr).count("broadcast_in_dim") == 1
+
+
+def test_log_softmax_cross_entropy_singularity_on_a_live_row_stays():
+    """The vocabulary weights' one-bit mask and the rows' mask from the
+    ``log_softmax`` guard dead rows only: ``sqrt'(0)`` in a live row is the
+    program's own and stays infinite, as in the hand double where, while the
+    padding row's derivative is exactly zero."""
+    w = jnp.asarray(np.random.default_rng(4).normal(size=(3, 4)), jnp.float32)
+    z = jnp.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [0.5, 1.0, 3.0]])
+    labels = jnp.array([1, 0, 3])
+    rows = jnp.array([True, False, True])
+
+    def loss(z):
+        logp = jax.nn.log_softmax(jnp.sqrt(z) @ w, axis=-1)
+        nll = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+        return jnp.sum(jnp.where(rows, nll, 0.0))
+
+    def loss_dw(z):
+        return loss(jnp.where(rows[:, None], z, 1.0))
+
+    got = np.asarray(jax.grad(guard(loss))(z))
+    want = np.asarray(jax.grad(loss_dw)(z))
+    assert not np.isfinite(got[0, 1])
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_array_equal(got[1], np.zeros(3))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6)
