@@ -497,6 +497,16 @@ CONV_CASES = {
     "same": ((2, 6, 5, 3), (3, 3, 3, 4), dict(strides=1, padding="SAME")),
     "valid_stride": ((2, 7, 6, 2), (2, 3, 2, 3), dict(strides=2, padding="VALID")),
     "dilated": ((1, 8, 7, 2), (3, 2, 2, 2), dict(strides=1, padding="SAME", dilations=2)),
+    "dilated_unevenly_valid": (
+        (2, 9, 8, 3),
+        (2, 3, 3, 2),
+        dict(strides=1, padding="VALID", dilations=[3, 2]),
+    ),
+    "dilated_conv3d": (
+        (1, 7, 5, 6, 2),
+        (2, 2, 3, 2, 2),
+        dict(strides=[1, 1, 1, 1, 1], padding="SAME", dilations=[1, 2, 1, 2, 1]),
+    ),
     "explicit": (
         (1, 5, 5, 2),
         (3, 3, 2, 2),
@@ -539,11 +549,21 @@ def test_conv_masks_equal_gradient_masks(case):
     from hlo_guard.tf.rules.structural import probe_forward_masks, probe_masks
 
     x_shape, w_shape, kwargs = CONV_CASES[case]
-    if kwargs.get("dilations", 1) != 1 and not _tf_differentiates_dilated_convolutions():
-        pytest.skip("TF's CPU kernels here have no gradient for a dilated convolution")
-    out_shape = _conv(tf.ones(x_shape), tf.ones(w_shape), kwargs).shape
+    # The oracle is TF's gradient of the dilated convolution, which TF's CPU
+    # kernels lack without oneDNN (and for Conv3D lack altogether, forward
+    # included); XLA's have it.  (conv_masks itself runs without XLA there:
+    # test_guarded_dilated_convolution_runs_without_xla.)
+    dilated = np.any(np.asarray(kwargs.get("dilations", 1)) != 1)
+    oracle_needs_xla = dilated and (
+        len(x_shape) == 5 or not _tf_differentiates_dilated_convolutions()
+    )
+    out_shape = (
+        tf.function(lambda x, w: _conv(x, w, kwargs))
+        .get_concrete_function(tf.TensorSpec(x_shape), tf.TensorSpec(w_shape))
+        .structured_outputs.shape
+    )
 
-    @tf.function(autograph=False)
+    @tf.function(autograph=False, jit_compile=oracle_needs_xla)
     def run(x, w, m, mx, mw):
         op = _conv(x, w, kwargs).op
         assert op.type in ("Conv2D", "Conv3D")
@@ -743,23 +763,45 @@ def test_sum_and_mean_tangent_is_live_where_a_summed_lane_is(reduce, axis, keepd
     assert_same(jvp(hg.guard(fn)), jvp(oracle))
 
 
-def test_guarded_forward_of_a_dilated_convolution_runs():
+def test_guarded_dilated_convolution_runs_without_xla():
     """A guarded TF function with a dilated ``Conv2D`` behind a ``where``
-    computes the convolution's masks with a one-channel gradient probe of
-    the convolution (:func:`conv_masks`).  Where TF's CPU kernels have no
-    gradient for a dilated convolution (oneDNN off: an x86 CPU without
-    AVX-512), that probe raises in the *forward* pass, where plain TF runs:
-    a known failure (found 2026-11-28), expected until the probe uses the
-    undilated convolution with a zero-stuffed filter."""
+    computes the convolution's masks with a one-channel gradient of the
+    convolution (:func:`conv_masks`).  TF's CPU kernels without oneDNN (an
+    x86 CPU without AVX-512) have no gradient for a dilated convolution, and
+    the probe used to raise there in the *forward* pass, where plain TF runs
+    (found 2026-11-28); it now differentiates an undilated copy with a
+    zero-stuffed filter.  The gradient is compared with the hand double
+    where under XLA, which differentiates dilated convolutions anywhere."""
     import hlo_guard.tf as hg
 
-    if not _tf_differentiates_dilated_convolutions():
-        pytest.xfail("the mask probe of a dilated convolution needs TF's gradient kernel")
     x = tf.constant(np.random.default_rng(0).random((1, 8, 8, 2)), tf.float32)
-    w = tf.ones((3, 3, 2, 2))
+    w = tf.constant(np.random.default_rng(1).random((3, 3, 2, 2)), tf.float32)
+
+    def conv(x, w):
+        return tf.nn.conv2d(x, w, strides=1, padding="SAME", dilations=2)
 
     def f(x, w):
-        y = tf.nn.conv2d(x, w, strides=1, padding="SAME", dilations=2)
-        return tf.reduce_sum(tf.where(y > 3.0, tf.sqrt(y - 3.0), 0.0))
+        y = conv(x, w)
+        return tf.reduce_sum(tf.where(y > 1.5, tf.sqrt(y - 1.5), 0.0))
+
+    def double_where(x, w):
+        y = conv(x, w)
+        safe = tf.where(y > 1.5, y, 2.5)
+        return tf.reduce_sum(tf.where(y > 1.5, tf.sqrt(safe - 1.5), 0.0))
 
     np.testing.assert_array_equal(hg.guard(f)(x, w).numpy(), f(x, w).numpy())
+    assert np.any(conv(x, w).numpy() <= 1.5) and np.any(conv(x, w).numpy() > 1.5)
+
+    def gradient(fn):
+        @tf.function(jit_compile=True)
+        def run(x, w):
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                out = fn(x, w)
+            return tape.gradient(out, [x, w])
+
+        return run(x, w)
+
+    for a, b in zip(gradient(hg.guard(f)), gradient(double_where)):
+        assert np.all(np.isfinite(a.numpy()))
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)

@@ -96,6 +96,12 @@ def create_op(graph, op_type: str, inputs, dtypes, name: str, attrs):
     )
 
 
+def int_list_attr(values) -> object:
+    """A raw ``AttrValue`` holding a list of ints (a copied op's
+    ``dilations``), for :func:`create_op`."""
+    return tf.compat.v1.AttrValue(list=tf.compat.v1.AttrValue.ListValue(i=list(values)))
+
+
 def update_input(op, index: int, tensor) -> None:
     """Re-point input ``index`` of ``op`` at ``tensor`` (a guard)."""
     op._update_input(index, tensor)  # pylint: disable=protected-access

@@ -12,7 +12,7 @@ the original node and would be wrong for a copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -25,9 +25,14 @@ def copy_op(
     *,
     op_type: str | None = None,
     name: str | None = None,
+    attrs: Mapping[str, object] | None = None,
 ) -> tf.Operation:
+    """A copy of ``op`` reading ``inputs``; ``attrs`` (raw ``AttrValue``\\ s)
+    replace some of its attributes, as an undilated copy of a dilated
+    convolution needs."""
     graph = tf.compat.v1.get_default_graph()
-    attrs = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
+    own = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
+    merged = {**own, **(attrs or {})}
     base = name or ("hlo_guard_copy/" + op.name.split("/")[-1])
     return compat.create_op(
         graph,
@@ -35,7 +40,7 @@ def copy_op(
         list(inputs),
         dtypes=[t.dtype for t in op.outputs],
         name=graph.unique_name(base, mark_as_used=False),
-        attrs=attrs,
+        attrs=merged,
     )
 
 

@@ -12,6 +12,7 @@ probe.  (``MatMul`` has its reduce-and-broadcast in :mod:`structural`.)
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from hlo_guard.tf import compat
@@ -152,6 +153,23 @@ def _one_channel(shape: tf.Tensor, axes) -> tf.Tensor:
     return tf.stack([1 if k in axes else shape[k] for k in range(int(shape.shape[0]))])
 
 
+def _spatial_dilations(op, rank: int, channel: int) -> list[int]:
+    """The dilation of each spatial axis of a convolution, in the filter's
+    order (the attribute lists every axis of the data format)."""
+    rates = list(op.get_attr("dilations"))
+    return [rates[k] for k in range(1, rank) if k != channel]
+
+
+def _dilated_taps(taps: list[int], dilations: list[int]) -> np.ndarray:
+    """A spatial filter of ones at the taps a dilated filter of ``taps``
+    reads and zeros between them: ``(k - 1) * d + 1`` wide on each axis.  An
+    undilated convolution with it reads exactly the dilated one's input
+    lanes, with the same padding (TF pads by the dilated filter's extent)."""
+    pattern = np.zeros([(k - 1) * d + 1 for k, d in zip(taps, dilations)])
+    pattern[tuple(slice(None, None, d) for d in dilations)] = 1
+    return pattern
+
+
 def conv_masks(mctx, op, out_masks) -> list | None:
     """Operand masks of a convolution on one channel instead of all of them.
 
@@ -163,12 +181,19 @@ def conv_masks(mctx, op, out_masks) -> list | None:
     replaced by ones, filter lane ``(k, ci, co)`` receives from output channel
     ``co`` wherever tap ``k`` lands inside the input, again whatever ``ci``:
     the filter gradient of a copy with one input channel, seeded with the whole
-    output mask.  Strides, dilations and padding are the op's own (the copy
-    keeps its attributes) and the gradient is TF's registered one, so edge
-    and stride conventions are TF's; the cost is the convolution's divided by
-    its channel counts, where the probe of :func:`probe_masks` costs a full
-    backward convolution at run time.  None for a grouped convolution or an
-    unknown channel count (the probe serves those)."""
+    output mask.  Strides and padding are the op's own (the copy keeps its
+    attributes) and the gradient is TF's registered one, so edge and stride
+    conventions are TF's; the cost is the convolution's divided by its
+    channel counts, where the probe of :func:`probe_masks` costs a full
+    backward convolution at run time.
+
+    A dilated convolution is copied undilated with a zero-stuffed filter
+    (:func:`_dilated_taps`) and its filter mask read at the dilated taps:
+    TF's CPU kernels without oneDNN have no gradient for dilation rates above
+    1 (plain TF raises there too), and a mask probe must not make a forward
+    pass fail that runs unguarded.  None for a grouped convolution, an
+    unknown channel count or a dilated filter of unknown size (the probe
+    serves those)."""
     layout = _conv_layout(op)
     if layout is None:
         return None
@@ -179,31 +204,45 @@ def conv_masks(mctx, op, out_masks) -> list | None:
     if out is NONE or not any(diff):
         return [NONE] * n
     x, w = op.inputs[:2]
+    dilations = _spatial_dilations(op, rank, channel)
+    taps = w.shape.as_list()[: rank - 2]
+    dilated = any(d != 1 for d in dilations)
+    if dilated and None in taps:
+        return None
+    undilated = {"dilations": compat.int_list_attr([1] * rank)} if dilated else None
     grad = compat.registered_gradient(op.type)
     result = [NONE] * n
     with tf.name_scope("hlo_guard_conv_mask"):
         x_shape, w_shape = _shape_of(mctx, x), _shape_of(mctx, w)
         seed = materialize(out, mctx.shaped(op.outputs[0]))
         if diff[0]:
+            if dilated:
+                pattern = _dilated_taps(taps, dilations)[..., None, None]
+                taps_of_ones = tf.constant(pattern, w.dtype)
+            else:
+                taps_of_ones = tf.ones(_one_channel(w_shape, [rank - 2, rank - 1]), w.dtype)
             small = copy_op(
                 op,
-                [
-                    tf.zeros(_one_channel(x_shape, [channel]), x.dtype),
-                    tf.ones(_one_channel(w_shape, [rank - 2, rank - 1]), w.dtype),
-                ],
+                [tf.zeros(_one_channel(x_shape, [channel]), x.dtype), taps_of_ones],
+                attrs=undilated,
             )
             seen = tf.cast(tf.reduce_any(seed, axis=channel, keepdims=True), x.dtype)
             dx = grad(small, seen)[0]
             result[0] = normalize(tf.broadcast_to(tf.not_equal(dx, 0), x_shape))
         if diff[1]:
+            if dilated:
+                wide = [(k - 1) * d + 1 for k, d in zip(taps, dilations)]
+                zero_taps = tf.zeros(tf.stack([*wide, 1, w_shape[rank - 1]]), w.dtype)
+            else:
+                zero_taps = tf.zeros(_one_channel(w_shape, [rank - 2]), w.dtype)
             small = copy_op(
                 op,
-                [
-                    tf.ones(_one_channel(x_shape, [channel]), x.dtype),
-                    tf.zeros(_one_channel(w_shape, [rank - 2]), w.dtype),
-                ],
+                [tf.ones(_one_channel(x_shape, [channel]), x.dtype), zero_taps],
+                attrs=undilated,
             )
             dw = grad(small, tf.cast(seed, w.dtype))[1]
+            if dilated:  # the taps the dilated filter has
+                dw = dw[tuple(slice(None, None, d) for d in dilations)]
             result[1] = normalize(tf.broadcast_to(tf.not_equal(dw, 0), w_shape))
     return result
 
