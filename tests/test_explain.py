@@ -357,17 +357,22 @@ def _scan_over_padded_steps(w, d):
     return jnp.sum(jnp.where(jnp.array([True, True, False]), _rnn(w, jnp.log(d)), 0.0))
 
 
-def _loop_result_masked(w, d):
-    """A fori_loop (a scan) whose final carry is masked per lane."""
-    h = jax.lax.fori_loop(0, 2, lambda i, h: jnp.tanh(w * jnp.log(d) + h), jnp.zeros_like(d))
+def _loop_mixing_lanes_masked(w, d):
+    """A fori_loop (a scan) whose final carry is masked per lane, and whose
+    body moves lanes (``roll``): a lane dead at the end may be live earlier."""
+    h = jax.lax.fori_loop(
+        0, 2, lambda i, h: jnp.tanh(w * jnp.log(d) + jnp.roll(h, 1)), jnp.zeros_like(d)
+    )
     return jnp.sum(jnp.where(jnp.array([True, True, False]), h, 0.0))
 
 
-@pytest.mark.parametrize("fn", [_scan_over_padded_steps, _loop_result_masked])
+@pytest.mark.parametrize("fn", [_scan_over_padded_steps, _loop_mixing_lanes_masked])
 def test_scan_dead_lanes_lost_in_its_live_carry_are_reported(fn):
-    """The carry is kept fully live, so a padded iteration's dead lanes are
-    not followed: the gradient is NaN there (as without the guard) -- which
-    the report used to hide behind "nothing to guard"."""
+    """The carry is kept fully live, so a padded iteration's dead lanes (or
+    the lanes of a body that moves them) are not followed: the gradient is
+    NaN there (as without the guard) -- which the report used to hide behind
+    "nothing to guard".  (A lane-wise body's masked final carry is followed:
+    tests/test_scan_carry_masks.py.)"""
     w, d = jnp.float32(0.5), jnp.array([1.0, 2.0, 0.0])
     assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(fn), argnums=(0, 1))(w, d)[1])).any()
     r = explain(fn, w, d)

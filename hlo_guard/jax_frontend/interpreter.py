@@ -57,7 +57,10 @@ from hlo_guard.jax_frontend.mask_ops import (
     broadcast_source,
     is_one_bit,
     lax_broadcast_in_dim,
+    materialize,
+    normalize,
     to_guard_mask,
+    xp,
 )
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rules import RULES
@@ -73,7 +76,14 @@ from hlo_guard.jax_frontend.tangent_guard import tangent_guarded
 from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
 from passes.analysis import Analysis
 from passes.lattice import LIVE
-from passes.masks import ALL, NONE, ForwardMaskResolver, MaskResolver, ShadowUnavailable
+from passes.masks import (
+    ALL,
+    NONE,
+    ForwardMaskResolver,
+    MaskResolver,
+    ShadowUnavailable,
+    or_masks,
+)
 from passes.planning import (
     GuardSite,
     OutputGuardSite,
@@ -520,8 +530,13 @@ class Scope:
         fixed: list[Any] = []
         layouts: list[Any] = []
         n_carry = scan_layout(eqn.params, len(eqn.invars))[1] if eqn.primitive.name == "scan" else 0
+        carried = None
+        if any(lv.is_partial for lv in sub.out_liveness[:n_carry]):
+            carried = self._scan_carry_mask(node, eqn, n_carry)
         for j, lv in enumerate(sub.out_liveness):
-            if lv.is_partial and j >= n_carry:
+            if lv.is_partial and j < n_carry:
+                fixed.append(carried)  # every iteration's, closed over
+            elif lv.is_partial:
                 ov = eqn.outvars[j]
                 try:
                     m = self.resolver.value_mask(None if isinstance(ov, DropVar) else ov)
@@ -533,6 +548,36 @@ class Scope:
             else:
                 fixed.append(ALL if lv.is_live else NONE)
         return passed, fixed, layouts
+
+    def _scan_carry_mask(self, node: int, eqn, n_carry: int):
+        """The one mask a scan's followed carries get in every iteration
+        (``rules.calls.scan_carry_liveness``): the OR of the final carries'
+        masks and of each stacked output's mask ORed over its iterations,
+        all of the carries' one shape."""
+        outs = eqn.outvars
+        shape = next(tuple(v.aval.shape) for v in outs[:n_carry] if is_inexact_aval(v.aval))
+        found: Any = NONE
+        try:
+            for j, ov in enumerate(outs):
+                if isinstance(ov, DropVar) or not is_inexact_aval(ov.aval):
+                    continue
+                m = self.resolver.value_mask(ov)
+                if m is ALL:
+                    return ALL
+                if m is NONE:
+                    continue
+                if j >= n_carry:  # [iterations, *shape]: a lane live in any of them
+                    full = materialize(m, tuple(ov.aval.shape))
+                    m = normalize(xp(full).any(full, axis=0))
+                    if m is ALL:
+                        return ALL
+                    if m is NONE:
+                        continue
+                found = or_masks(ALGEBRA, found, materialize(m, shape))
+        except ShadowUnavailable as exc:
+            self.record.skip(node, None, str(exc))
+            return ALL
+        return found
 
     def tangent_masks_for(
         self,

@@ -20,6 +20,7 @@ import math
 import weakref
 
 import numpy as np
+from jax import lax
 
 from hlo_guard.jax_frontend.bodies import (
     CALL_BODY_PARAM,
@@ -39,7 +40,13 @@ from hlo_guard.jax_frontend.graph import (
     is_inexact_aval,
     is_literal,
 )
-from hlo_guard.jax_frontend.mask_ops import and_, select_mask_by_index, to_guard_mask
+from hlo_guard.jax_frontend.mask_ops import (
+    and_,
+    is_static,
+    lax_broadcast_in_dim,
+    select_mask_by_index,
+    to_guard_mask,
+)
 from hlo_guard.jax_frontend.plan import mark_mask_only, plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.base import JaxRule, LazyMasks, joined, or_all
@@ -58,7 +65,15 @@ from hlo_guard.jax_frontend.rules.forward_context import (
     taint_gaps,
 )
 from hlo_guard.jax_frontend.rules.hazards import hazard_before
-from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness, join_all, merge_origins
+from passes.lattice import (
+    LIVE,
+    NO_DERIVATIVE,
+    Level,
+    Liveness,
+    dropped_by,
+    join_all,
+    merge_origins,
+)
 from passes.masks import ALL, NONE
 from passes.rules import ForwardRule, implements
 from passes.tangent_gaps import (
@@ -313,7 +328,10 @@ class ControlFlow(JaxRule):
                 body_outs = list(outs)
             elif name == "scan":
                 ncarry = scan_layout(eqn.params, len(eqn.invars))[1]
-                body_outs = [LIVE] * ncarry + list(outs[ncarry:])
+                carried = scan_carry_liveness(body, outs, ncarry)
+                body_outs = [
+                    carried if is_inexact_aval(v.aval) else LIVE for v in body.outvars[:ncarry]
+                ] + list(outs[ncarry:])
             else:
                 body_outs = [LIVE] * len(body.outvars)
             sub = analysis.analyze_sub(node, k, graph, body_outs)
@@ -351,12 +369,69 @@ class ControlFlow(JaxRule):
                 "its body (inputs kept fully live)",
                 out,
             )
+        if name == "cond" and out.reaches_output:
+            return self._cond_operand_liveness(analysis, node, eqn, out)
         return [LIVE if out.reaches_output else NO_DERIVATIVE] * len(eqn.invars)
 
-    def input_masks(self, mctx, node, eqn, out_masks):
-        from passes.masks import ALL
+    @staticmethod
+    def _branches_reading(analysis, node, eqn) -> list[list[bool]]:
+        """Per ``cond`` operand (after the index), per branch: whether the
+        branch carries a derivative from it (a use neither unread nor dead
+        in every lane inside the branch)."""
+        reads = []
+        for k in range(len(eqn.invars) - 1):
+            per_branch = []
+            for b, (body, _) in enumerate(control_bodies(eqn)):
+                lv = analysis.subs[(node, b)].value_liveness(body.invars[k])
+                per_branch.append(lv.reaches_output and not lv.is_dead)
+            reads.append(per_branch)
+        return reads
 
-        return [ALL] * len(eqn.invars)
+    def _cond_operand_liveness(self, analysis, node, eqn, out) -> list[Liveness]:
+        """A ``cond`` operand that some branch does not read is dead whenever
+        the index picks such a branch: the untaken branch's transpose sends
+        it an instantiated zero, which ``1 / n`` or ``sqrt`` computed before
+        the ``cond`` turns into NaN (jaxopt's ``projection_l2_ball``:
+        ``cond(n <= 1, lambda: x, lambda: x / n)`` at ``x = 0``).  Its lanes
+        live or die together, with the index (:meth:`input_masks`).  An
+        operand every branch reads stays live; lanes dead inside a branch are
+        guarded there and not followed out (noted above)."""
+        result: list[Liveness] = [NO_DERIVATIVE]  # the index
+        origin = analysis.graph.origin(node)
+        for v, per_branch in zip(eqn.invars[1:], self._branches_reading(analysis, node, eqn)):
+            if not is_inexact_aval(v.aval) or all(per_branch):
+                result.append(LIVE)
+            elif any(per_branch):
+                result.append(dropped_by(origin, out))
+            else:
+                result.append(Liveness(Level.DEAD, merge_origins((origin,), out.origins)))
+        return result
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        """A ``cond`` operand's mask is "the index picks a branch that reads
+        it" (:meth:`_cond_operand_liveness`), one bit broadcast over its
+        lanes; everything else is fully live."""
+        if eqn.primitive.name != "cond" or (node, 0) not in mctx.analysis.subs:
+            return [ALL] * len(eqn.invars)
+        reads = self._branches_reading(mctx.analysis, node, eqn)
+
+        def mask(i):
+            if i == 0 or all(reads[i - 1]):
+                return ALL
+            if not any(reads[i - 1]):
+                return NONE
+            read = reads[i - 1]
+            index = mctx.value(eqn.invars[0])
+            if is_static(index):  # the branch is known while tracing
+                return ALL if read[int(np.clip(np.asarray(index), 0, len(read) - 1))] else NONE
+            taken = None
+            for b in (b for b, r in enumerate(read) if r):
+                hit = lax.eq(index, np.asarray(b, index.dtype))
+                taken = hit if taken is None else lax.bitwise_or(taken, hit)
+            shape = tuple(eqn.invars[i].aval.shape)
+            return lax_broadcast_in_dim(taken, shape, ())
+
+        return LazyMasks(mask, len(eqn.invars))
 
     def guards_output(self, analysis, node, index):
         return False
@@ -504,21 +579,62 @@ class ControlFlow(JaxRule):
         return None
 
 
+def scan_lane_shape(body, ncarry: int) -> tuple | None:
+    """The one shape S of a scan body's floating-point carries and stacked
+    outputs, when the body keeps lanes apart over it (:func:`_body_lanewise`:
+    every value S-shaped or a scalar, no operation moving or reducing lanes);
+    None otherwise.  Then lane ``l`` of a carry after an iteration depends on
+    lane ``l`` of the carries and stacked inputs before it, and on nothing
+    else that varies from lane to lane."""
+    shapes = {
+        tuple(v.aval.shape) for v in body.outvars if not is_literal(v) and is_inexact_aval(v.aval)
+    }
+    if len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    return shape if _body_lanewise(body, shape) else None
+
+
+def scan_carry_liveness(body, outs, ncarry: int) -> Liveness:
+    """The liveness a scan body's floating-point carries get as outputs.
+
+    Fully live, as a body analysed once for every iteration must assume --
+    except where a partly dead final carry can be followed through the loop:
+    the body keeps lanes apart over one shape (:func:`scan_lane_shape`), so
+    a lane dead after the last iteration was dead after every iteration,
+    unless a stacked output reads it on the way.  One mask then serves every
+    iteration: the OR of the final carries' masks and of each stacked
+    output's mask over its iterations (``Scope.output_masks_for``).  It may
+    hold live lanes that an iteration does not need (conservative); it never
+    misses one, because a live lane of any iteration's carry reaches a live
+    lane of the final carries or of a stacked output along the same lane.
+    Any stacked output fully live, or a body that mixes lanes, keeps the
+    carries live (and ``_scan_dead_lanes_lost`` reports the lost lanes)."""
+    if not any(lv.is_partial for lv in outs[:ncarry]):
+        return LIVE
+    together = joined(outs)
+    if together.is_live or scan_lane_shape(body, ncarry) is None:
+        return LIVE
+    return Liveness(together.level, together.origins)
+
+
 def _scan_dead_lanes_lost(sub, body, outs, eqn):
     """``(what, liveness)`` when dead lanes of a scan's outputs vanish into
     its conservatively live carries, else None.
 
     The body is analysed once for every iteration, with its carries fully
-    live.  A partly dead final carry (``where(valid, fori_loop(...), 0)``) is
-    therefore never followed into the body; nor is a partly dead stacked
+    live unless :func:`scan_carry_liveness` can follow them.  A partly dead
+    final carry (``where(valid, fori_loop(...), 0)``) of a body that mixes
+    lanes is therefore never followed into the body; nor is a partly dead stacked
     output ``ys`` whose body value also feeds the carry (an RNN's ``h``,
     emitted and carried): there it joins the live carry and comes out live.
     Which *iterations* are dead (the padded steps) is not expressible in one
     body analysis, so those lanes reach the body's operations, and whatever
     fed the scan, unguarded -- and the report must say so."""
     ncarry = scan_layout(eqn.params, len(eqn.invars))[1]
+    followed = any(not lv.is_live for lv in sub.out_liveness[:ncarry])
     for lv in outs[:ncarry]:
-        if lv.reaches_output and not lv.is_live:
+        if lv.reaches_output and not lv.is_live and not followed:
             return "final carry", lv
     for j, lv in enumerate(outs[ncarry:]):
         if not lv.reaches_output or lv.is_live:
