@@ -31,10 +31,10 @@ import tensorflow as tf
 from hlo_guard.tf import compat
 from hlo_guard.tf.graph import TFGraph, carries_derivative
 from hlo_guard.tf.mask_ops import normalize
-from hlo_guard.tf.rules.structural import Conservative
+from hlo_guard.tf.rules.structural import Conservative, _shape_of
 from passes.analysis import analyze_forward
 from passes.lattice import LIVE, NO_DERIVATIVE, Liveness, dead_by, partial_by
-from passes.masks import ALL
+from passes.masks import ALL, NONE
 from passes.tangent_gaps import body_seeds, note_unfollowed, tainted_values
 
 IFS = ("If", "StatelessIf")
@@ -99,14 +99,69 @@ def analyse_body(fa, body: BodyView, tangents: list[Liveness], where: str):
     return outs, [v in tainted for v in body.graph_outputs()]
 
 
+def _branch_reads(op) -> list[list[bool]]:
+    """Per operand after the predicate or index, per branch: read or not."""
+    per_branch = [_args_read(op, name) for name in _branch_names(op)]
+    return [list(r) for r in zip(*per_branch)]
+
+
 def _branch_names(op) -> list[str]:
     if op.type in IFS:
         return [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
     return [f.name for f in op.get_attr("branches")]
 
 
+def _args_read(op, name: str) -> list[bool]:
+    """Per argument of the function ``name`` (a branch of ``op``): whether
+    the branch reads it at all -- a node's data input or a returned value
+    names it.  Read off the ``FunctionDef`` itself, no graph built."""
+    fn = op.graph._get_function(name)  # pylint: disable=protected-access
+    fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+    used = {i.split(":")[0] for node in fdef.node_def for i in node.input if not i.startswith("^")}
+    used.update(r.split(":")[0] for r in fdef.ret.values())
+    return [arg.name in used for arg in fdef.signature.input_arg]
+
+
 class ControlFlow(Conservative):
-    """Reverse half as :class:`Conservative`; forward half through the bodies."""
+    """Reverse half as :class:`Conservative`, but for ``If``/``Case``
+    operands some branch does not read; forward half through the bodies."""
+
+    def transfer(self, analysis, node, outs):
+        result = super().transfer(analysis, node, outs)
+        op = analysis.graph.op(node)
+        if op.type in WHILES or not any(lv.reaches_output for lv in outs):
+            return result
+        try:
+            reads = _branch_reads(op)
+        except Exception:  # pylint: disable=broad-except  # a body not read back: live
+            return result
+        origin = analysis.graph.origin(node)
+        for k, per_branch in enumerate(reads, start=1):
+            if not result[k].reaches_output or all(per_branch):
+                continue
+            # dead whenever the index picks a branch that does not read it:
+            # that branch's gradient is an instantiated zero, which a hazard
+            # before the op turns into NaN (``tf.cond(n <= 1, lambda: x,
+            # lambda: x / n)`` with ``n = norm(x)`` at 0)
+            result[k] = partial_by(origin) if any(per_branch) else dead_by(origin)
+        return result
+
+    def input_masks(self, mctx, node, op, out_masks):
+        """An ``If``/``Case`` operand's mask is "the taken branch reads it"
+        (:meth:`transfer`), the predicate or index broadcast over its lanes."""
+        masks = [ALL] * len(op.inputs)
+        if op.type in WHILES:
+            return masks
+        for k, per_branch in enumerate(_branch_reads(op), start=1):
+            if all(per_branch):
+                continue
+            if not any(per_branch):
+                masks[k] = NONE
+                continue
+            live = tuple(b for b, r in enumerate(per_branch) if r)
+            taken = self._taken_in(mctx, op, live)
+            masks[k] = normalize(tf.broadcast_to(taken, _shape_of(mctx, op.inputs[k])))
+        return masks
 
     def forward(self, fa, node, ins):
         graph = fa.graph

@@ -1,0 +1,78 @@
+"""TF: a value computed before ``tf.cond``/``tf.switch_case`` and read only by
+branches the predicate may not take.
+
+TF's gradient of the untaken branch is an instantiated zero for that operand,
+which ``1 / n`` or ``sqrt`` before the ``cond`` turns into NaN, with and
+without XLA.  The operand is dead whenever a branch that does not read it is
+taken, and is guarded before the ``cond`` with the predicate (or index)
+broadcast over its lanes (``rules.control_flow.ControlFlow.transfer``).
+Oracle: the hand double where.  (Found 2026-11-28 on the JAX side by a
+user-style hunt; TF had the same silent miss.)
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hlo_guard.tf as hg
+
+WEIGHTS = tf.constant([1.0, 2.0, 3.0])
+
+
+def project(x):
+    n = tf.sqrt(tf.reduce_sum(x * x))
+    factor = 1.0 / n
+    return tf.reduce_sum(tf.cond(n <= 1.0, lambda: x, lambda: factor * x) * WEIGHTS)
+
+
+def project_double_where(x):
+    n2 = tf.reduce_sum(x * x)
+    factor = 1.0 / tf.sqrt(tf.where(n2 <= 1.0, 1.0, n2))
+    return tf.reduce_sum(tf.cond(n2 <= 1.0, lambda: x, lambda: factor * x) * WEIGHTS)
+
+
+def _gradient(fn, jit):
+    @tf.function(jit_compile=jit)
+    def run(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        return tape.gradient(y, x)
+
+    return run
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
+@pytest.mark.parametrize("x", [[0.0, 0.0, 0.0], [0.3, 0.0, -0.4], [3.0, 4.0, 0.0]])
+def test_projection_gradient_equals_the_double_where(jit, x):
+    x = tf.constant(x)
+    got = _gradient(hg.guard(project), jit)(x).numpy()
+    np.testing.assert_allclose(got, _gradient(project_double_where, jit)(x).numpy(), rtol=1e-6)
+    assert np.isfinite(got).all()
+
+
+def test_the_origin_was_nan_and_the_report_names_the_cond():
+    x = tf.zeros(3)
+    assert np.isnan(_gradient(project, False)(x).numpy()).all()
+    guarded = hg.guard(project)
+    np.testing.assert_array_equal(guarded(x).numpy(), project(x).numpy())
+    report = hg.report(guarded, x)
+    assert not report.unguarded
+    assert report.sites and all("cond" in str(s.origins) for s in report.sites)
+
+
+def test_switch_case_operand_read_by_one_branch():
+    def f(x):
+        s = tf.sqrt(x)
+        i = tf.cast(x > 0.0, tf.int32)
+        return tf.switch_case(i, [lambda: -x, lambda: s])
+
+    def moved(x):
+        i = tf.cast(x > 0.0, tf.int32)
+        return tf.switch_case(i, [lambda: -x, lambda: tf.sqrt(x)])
+
+    for v in (0.0, 4.0):
+        x = tf.constant(v)
+        for jit in (False, True):
+            got = _gradient(hg.guard(f), jit)(x).numpy()
+            np.testing.assert_allclose(got, _gradient(moved, jit)(x).numpy(), rtol=1e-6)
