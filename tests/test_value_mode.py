@@ -87,6 +87,45 @@ def test_value_mode_grad_and_hessian_clean_under_debug_nans(f, oracle, debug_nan
         np.testing.assert_array_equal(jax.hessian(g)(X), want_h)
 
 
+def _arctanh_with_a_dropped_log_det(v):
+    """As ``distrax.Tanh().inverse``: the log-det is computed from the same
+    value and then dropped (found by a hunt, 2026-11-28)."""
+    x = jnp.arctanh(v)
+    _dropped = jnp.logaddexp(-2.0 * x, 0.0)
+    return jnp.sum(jnp.where(jnp.abs(v) < 1, x, 0.0))
+
+
+def _arctanh_double_where(v):
+    ok = jnp.abs(v) < 1
+    return jnp.sum(jnp.where(ok, jnp.arctanh(jnp.where(ok, v, 0.0)), 0.0))
+
+
+def test_a_computed_and_dropped_use_does_not_block_value_mode(debug_nans):
+    """A use whose result no output and no effect reads decides nothing, so it
+    does not make the site fall back to the gradient guard (whose ``atanh``
+    of the dead lanes would still compute inf under the checker)."""
+    v = jnp.array([0.0, 0.3, 0.9, 1.0, 1.5])
+    g = guard(_arctanh_with_a_dropped_log_det, mode="value")
+    np.testing.assert_array_equal(g(v), _arctanh_double_where(v))
+    np.testing.assert_array_equal(jax.grad(g)(v), jax.grad(_arctanh_double_where)(v))
+
+
+def test_a_use_with_an_effect_still_observes_the_value(capsys):
+    """``jax.debug.print`` of the value is an observer: the site keeps its
+    gradient guard, so the printed dead lane is the function's own NaN, not
+    a safe point."""
+
+    def f(v):
+        x = jnp.arctanh(v)
+        jax.debug.print("x = {x}", x=x)
+        return jnp.sum(jnp.where(jnp.abs(v) < 1, x, 0.0))
+
+    g = guard(f, mode="value")
+    jax.block_until_ready(g(jnp.array([0.5, 1.5])))
+    jax.effects_barrier()
+    assert "nan" in capsys.readouterr().out
+
+
 def test_gradient_mode_trips_debug_nans(debug_nans):
     """The reason value mode exists: the default gradient guards keep NaN/inf
     intermediates in dead lanes, which the checker sees."""

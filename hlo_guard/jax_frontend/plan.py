@@ -380,6 +380,23 @@ class GuardPlan:
                     uses.setdefault(v, []).append((node, i))
         return uses
 
+    @cached_property
+    def value_unobserved(self) -> frozenset[int]:
+        """Nodes whose outputs no graph output and no effect ever reads
+        (``distrax.Tanh().inverse`` computes a log-det it then drops): value
+        mode need not keep their inputs' dead lanes' values.  An equation
+        with effects (``jax.debug.print``) observes its inputs."""
+        graph = self.graph
+        observed = {id(v) for v in graph.jaxpr.outvars}
+        found = set()
+        for node in reversed(range(len(graph.eqns))):
+            eqn = graph.eqns[node]
+            if eqn.effects or any(id(o) in observed for o in eqn.outvars):
+                observed.update(id(v) for v in eqn.invars if not isinstance(v, Literal))
+            else:
+                found.add(node)
+        return frozenset(found)
+
 
 def output_may_blow_up(backward, node: int, index: int) -> bool:
     """Whether a partly zero tangent reaching op ``node`` could turn

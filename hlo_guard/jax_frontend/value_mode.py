@@ -115,7 +115,10 @@ def _value_flows_ok(analysis, var, nested: bool) -> bool:
         seen.add(id(v))
         if nested and any(o is v for o in outs):
             return False
-        for node, index in plan_of(analysis).all_uses.get(v, ()):
+        plan = plan_of(analysis)
+        for node, index in plan.all_uses.get(v, ()):
+            if node in plan.value_unobserved:
+                continue  # computed and dropped: its value decides nothing
             eqn = graph.eqns[node]
             name = eqn.primitive.name
             if name == "select_n":
