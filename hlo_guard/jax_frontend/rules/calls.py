@@ -9,9 +9,11 @@
   lanes feed which output lanes; the inputs are guarded with those masks, which
   absorbs whatever the custom rule computes in dead lanes.  The body itself is
   never rewritten (its derivative is the user's rule, not JAX's).
-* ``cond``, ``while``, ``scan``: bodies are guarded internally with fully live
-  boundaries; dead lanes arriving at the boundary from outside are reported,
-  not followed (conservative).
+* ``cond``, ``while``, ``scan``: bodies are guarded internally; dead lanes
+  arriving at the boundary from outside are reported, not followed
+  (conservative) -- except a ``cond`` operand some branch does not read (dead
+  with the index) and a lane-wise ``scan``'s masked final carry (one mask for
+  every iteration).
 """
 
 from __future__ import annotations
@@ -297,13 +299,17 @@ class ControlFlow(JaxRule):
     * ``cond``: each branch is analysed with the liveness of the cond's
       outputs, and the outputs' masks are passed into the branches, so a
       ``where`` *after* the cond guards the operations *inside* it.
-    * ``scan``: carries are fully live; the stacked outputs ``ys`` keep their
-      liveness, and their masks are passed in as extra ``xs``, one slice per
-      iteration.
+    * ``scan``: carries are fully live, unless the body keeps lanes apart
+      and the final carry is partly dead (:func:`scan_carry_liveness`: one
+      mask, closed over, for every iteration); the stacked outputs ``ys`` keep
+      their liveness, and their masks are passed in as extra ``xs``, one
+      slice per iteration.
     * ``while`` and ``shard_map``: fully live boundary.
 
-    Operands always come out fully live: dead lanes found inside a body are
-    not followed back out to operations before the loop or branch (reported).
+    Operands come out fully live -- dead lanes found inside a body are not
+    followed back out to operations before the loop or branch (reported) --
+    but for a ``cond`` operand some branch does not read: it is dead whenever
+    the index picks such a branch (:meth:`_cond_operand_liveness`).
     """
 
     kind = "control-flow"
@@ -579,7 +585,7 @@ class ControlFlow(JaxRule):
         return None
 
 
-def scan_lane_shape(body, ncarry: int) -> tuple | None:
+def scan_lane_shape(body) -> tuple | None:
     """The one shape S of a scan body's floating-point carries and stacked
     outputs, when the body keeps lanes apart over it (:func:`_body_lanewise`:
     every value S-shaped or a scalar, no operation moving or reducing lanes);
@@ -613,7 +619,7 @@ def scan_carry_liveness(body, outs, ncarry: int) -> Liveness:
     if not any(lv.is_partial for lv in outs[:ncarry]):
         return LIVE
     together = joined(outs)
-    if together.is_live or scan_lane_shape(body, ncarry) is None:
+    if together.is_live or scan_lane_shape(body) is None:
         return LIVE
     return Liveness(together.level, together.origins)
 

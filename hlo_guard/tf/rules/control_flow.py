@@ -1,7 +1,10 @@
 """Functional control flow (``If``/``Case``/``While``): tangents across the boundary.
 
 Reverse mode keeps these boundaries fully live (:class:`structural.Conservative`,
-reported when dead lanes arrive).  Forward mode needs more: a branch that
+reported when dead lanes arrive), but for an ``If``/``Case`` operand some branch
+does not read: TF's gradient of the untaken branch gives it an instantiated
+zero, so it is dead whenever such a branch is taken (mask: the predicate or
+index, broadcast).  Forward mode needs more: a branch that
 returns a constant (``tf.cond(p, lambda: x, lambda: 0.)``) makes the ``If``
 output's tangent structurally zero whenever that branch is taken, and
 ``sqrt`` downstream turns the zero into NaN under XLA.  So the forward half
@@ -139,6 +142,8 @@ class ControlFlow(Conservative):
         for k, per_branch in enumerate(reads, start=1):
             if not result[k].reaches_output or all(per_branch):
                 continue
+            if not carries_derivative(op.inputs[k].dtype):
+                continue
             # dead whenever the index picks a branch that does not read it:
             # that branch's gradient is an instantiated zero, which a hazard
             # before the op turns into NaN (``tf.cond(n <= 1, lambda: x,
@@ -153,7 +158,7 @@ class ControlFlow(Conservative):
         if op.type in WHILES:
             return masks
         for k, per_branch in enumerate(_branch_reads(op), start=1):
-            if all(per_branch):
+            if all(per_branch) or not carries_derivative(op.inputs[k].dtype):
                 continue
             if not any(per_branch):
                 masks[k] = NONE
