@@ -307,3 +307,40 @@ def test_approx_max_k_selects_like_top_k():
 
     assert np.isnan(np.asarray(jax.grad(f)(x))).any()
     np.testing.assert_allclose(jax.grad(guard(f))(x), jax.grad(oracle)(x))
+
+
+@jax.custom_jvp
+def _log_poly(x):
+    """Lane-wise, but its coefficients are a table built and sliced inside
+    the body (as TFP's ``lbeta``): values of shape (2,) and (1,) that hold no
+    lane of ``x``.  The ``minimum`` is a selection, so the body is not one
+    the call's structure alone describes (as ``lbeta``'s ``min``/``max``)."""
+    coeffs = jnp.concatenate([jnp.full((1,), 0.5), jnp.full((1,), 2.0)])
+    return coeffs[0] * jnp.log(jnp.minimum(x, 1e30)) + coeffs[1] * x
+
+
+@_log_poly.defjvp
+def _log_poly_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _log_poly(x), (0.5 / x + 2.0) * t
+
+
+def test_constant_tables_inside_a_lanewise_custom_call_hold_no_lane():
+    """Before, the table's shapes made the call "not lane-wise": its dead
+    lane (``x = 0``, where the rule's ``0.5 / x`` is infinite) was reported
+    and its gradient NaN (TFP's ``lbeta``, ``StudentT(df).log_prob`` with
+    ``df`` masked, found by a hunt, 2026-11-28)."""
+    x = jnp.array([0.0, 0.5, 2.0])
+
+    def f(x):
+        return jnp.sum(jnp.where(x > 0, _log_poly(x), 0.0))
+
+    def double_where(x):
+        return jnp.sum(jnp.where(x > 0, _log_poly(jnp.where(x > 0, x, 1.0)), 0.0))
+
+    assert np.isnan(np.asarray(jax.grad(f)(x))).any()
+    assert not explain(f, x).unguarded
+    for transform in (jax.grad, jax.jacfwd, jax.hessian):
+        np.testing.assert_allclose(
+            transform(guard(f))(x), transform(double_where)(x), rtol=1e-6, atol=1e-7
+        )

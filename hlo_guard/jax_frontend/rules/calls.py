@@ -1250,12 +1250,21 @@ def is_lanewise_call(eqn) -> bool:
 
 
 def _body_lanewise(jaxpr, shape) -> bool:
+    """Whether every value of ``jaxpr`` that depends on its inputs is
+    ``shape``-shaped or a scalar and made by an operation that keeps lanes
+    apart.  Values built from constants alone (TFP's ``lbeta`` concatenates
+    and slices a table of coefficients) hold no input lane: the same in
+    every lane, as a scalar is."""
     per_shape = _LANEWISE_CACHE.setdefault(jaxpr, {})
     hit = per_shape.get(shape)
     if hit is not None:
         return hit
     ok = True
+    dependent = {id(v) for v in jaxpr.invars}
     for e in jaxpr.eqns:
+        if not any(id(v) in dependent for v in e.invars if not is_literal(v)):
+            continue  # constants only
+        dependent.update(id(v) for v in e.outvars)
         shapes = [tuple(getattr(v.aval, "shape", ())) for v in list(e.invars) + list(e.outvars)]
         if any(s not in (shape, ()) for s in shapes):
             ok = False
