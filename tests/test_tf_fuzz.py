@@ -170,3 +170,33 @@ def test_leaking_program_is_caught_unguarded_and_fixed_guarded(name):
     with pytest.raises(AssertionError):
         check_tf_program(root, X, Y, guard=lambda f: f)
     assert check_tf_program(root, X, Y) == "checked"
+
+
+def test_values_built_from_constants_are_not_guarded():
+    """Found by ``make fuzz`` (2026-11-28): ``atan2`` of two constant zeros
+    behind a ``where``.  Plain XLA folds ``atan2(0, 0)`` to 0 while compiling;
+    a guard on those operands made it ``atan2(select(p, 0, 0), ...)``, which
+    TF's XLA CPU kernel computes as NaN, so the guarded forward differed.
+    A value that depends on no input carries no derivative anywhere, so it
+    is not guarded at all (``graph._input_independent``)."""
+    from fuzzlib.program import Clip
+
+    zero = Const(value=0.0, n=1)
+    root = Binary(
+        op="maximum",
+        a=Where(
+            cmp="gt",
+            left=Clip(
+                a=Gather(a=Leaf(name="y"), idx=(0, 0, 1, 0, 1)),
+                lo=Gather(a=Leaf(name="y"), idx=(2, 0, 0, 3, 2)),
+                hi=Gather(a=Leaf(name="x"), idx=(3, 1, 3, 0, 3)),
+            ),
+            right=Binary(op="maximum", a=Const(value=0.5, n=1), b=Const(value=0.5, n=1)),
+            then=Binary(op="arctan2", a=zero, b=zero),
+            other=Const(value=0.0, n=5),
+        ),
+        b=Unary(op="arcsin", a=zero),
+    )
+    x = np.array([-0.0, -0.0, 1.0, 0.0], np.float32)
+    y = np.array([0.0, 3.4028235e38, 3.4028235e38, 0.0], np.float32)
+    assert check_tf_program(root, x, y) == "checked"

@@ -30,6 +30,27 @@ def carries_derivative(dtype) -> bool:
     return is_inexact(dtype) or tf.as_dtype(dtype) == tf.variant
 
 
+def _input_independent(ops: Sequence[tf.Operation], tensors: dict) -> set[str]:
+    """Outputs of ``Const`` ops, and of stateless ops reading only such values
+    (``tf.fill``, ``zeros * 2``): they depend on no graph input, so their
+    cotangent goes nowhere.  Guarding one is not only pointless but harmful
+    under XLA: a constant ``atan2(0, 0)`` is folded to 0 while compiling, but
+    TF's XLA CPU kernel of ``atan2(select(p, 0, 0), ...)`` gives NaN (found
+    by the TF fuzz oracle, 2026-11-28).  A stateful op (a variable read, a
+    random draw) never counts."""
+    found = {name for name, t in tensors.items() if t.op.type == "Const"}
+    for op in ops:
+        if not op.inputs or op.type == "Const":
+            continue
+        try:
+            stateful = bool(op.op_def.is_stateful)
+        except (AttributeError, ValueError):  # pragma: no cover - unknown kinds: not constant
+            stateful = True
+        if not stateful and all(t.name in found for t in op.inputs):
+            found.update(t.name for t in op.outputs)
+    return found
+
+
 def topological_order(ops: Sequence[tf.Operation]) -> list[tf.Operation]:
     """Kahn's algorithm over data and control edges inside ``ops``.
 
@@ -90,8 +111,8 @@ class TFGraph:
         for t in outputs:
             self.tensors.setdefault(t.name, t)
         self._inexact = {name: carries_derivative(t.dtype) for name, t in self.tensors.items()}
-        #: outputs of ``Const`` ops (see :meth:`carries_derivative`)
-        self._constants = {name for name, t in self.tensors.items() if t.op.type == "Const"}
+        #: values that depend on no graph input (see :meth:`carries_derivative`)
+        self._constants = _input_independent(self.ops, self.tensors)
         self.locations = locations or {}
         self.strip_prefix = strip_prefix
 
