@@ -13,6 +13,7 @@ user-style hunt; TF had the same silent miss.)
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_tf_support import xla_grads
 
 import hlo_guard.tf as hg
 
@@ -31,29 +32,18 @@ def project_double_where(x):
     return tf.reduce_sum(tf.cond(n2 <= 1.0, lambda: x, lambda: factor * x) * WEIGHTS)
 
 
-def _gradient(fn, jit):
-    @tf.function(jit_compile=jit)
-    def run(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-        return tape.gradient(y, x)
-
-    return run
-
-
 @pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
 @pytest.mark.parametrize("x", [[0.0, 0.0, 0.0], [0.3, 0.0, -0.4], [3.0, 4.0, 0.0]])
 def test_projection_gradient_equals_the_double_where(jit, x):
     x = tf.constant(x)
-    got = _gradient(hg.guard(project), jit)(x).numpy()
-    np.testing.assert_allclose(got, _gradient(project_double_where, jit)(x).numpy(), rtol=1e-6)
+    got = xla_grads(hg.guard(project), x, jit=jit)[0]
+    np.testing.assert_allclose(got, xla_grads(project_double_where, x, jit=jit)[0], rtol=1e-6)
     assert np.isfinite(got).all()
 
 
 def test_the_origin_was_nan_and_the_report_names_the_cond():
     x = tf.zeros(3)
-    assert np.isnan(_gradient(project, False)(x).numpy()).all()
+    assert np.isnan(xla_grads(project, x, jit=False)[0]).all()
     guarded = hg.guard(project)
     np.testing.assert_array_equal(guarded(x).numpy(), project(x).numpy())
     report = hg.report(guarded, x)
@@ -74,5 +64,5 @@ def test_switch_case_operand_read_by_one_branch():
     for v in (0.0, 4.0):
         x = tf.constant(v)
         for jit in (False, True):
-            got = _gradient(hg.guard(f), jit)(x).numpy()
-            np.testing.assert_allclose(got, _gradient(moved, jit)(x).numpy(), rtol=1e-6)
+            got = xla_grads(hg.guard(f), x, jit=jit)[0]
+            np.testing.assert_allclose(got, xla_grads(moved, x, jit=jit)[0], rtol=1e-6)

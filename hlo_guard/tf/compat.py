@@ -119,6 +119,15 @@ def graph_function(graph, name: str):
     return graph._get_function(name)  # pylint: disable=protected-access
 
 
+def function_def(graph, name: str):
+    """The ``FunctionDef`` of the function ``name`` registered in ``graph``
+    (a loop body, a branch); LookupError when there is none."""
+    fn = graph_function(graph, name)
+    if fn is None:
+        raise LookupError(f"function {name!r} not found")
+    return fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+
+
 # -- Keras 3 internals (hlo_guard.tf.keras) ----------------------------------------
 
 

@@ -22,7 +22,6 @@ import math
 import weakref
 
 import numpy as np
-from jax import lax
 
 from hlo_guard.jax_frontend.bodies import (
     CALL_BODY_PARAM,
@@ -426,16 +425,11 @@ class ControlFlow(JaxRule):
                 return ALL
             if not any(reads[i - 1]):
                 return NONE
-            read = reads[i - 1]
             index = mctx.value(eqn.invars[0])
-            if is_static(index):  # the branch is known while tracing
-                return ALL if read[int(np.clip(np.asarray(index), 0, len(read) - 1))] else NONE
-            taken = None
-            for b in (b for b, r in enumerate(read) if r):
-                hit = lax.eq(index, np.asarray(b, index.dtype))
-                taken = hit if taken is None else lax.bitwise_or(taken, hit)
-            shape = tuple(eqn.invars[i].aval.shape)
-            return lax_broadcast_in_dim(taken, shape, ())
+            taken = select_mask_by_index(index, [np.asarray(r) for r in reads[i - 1]])
+            if is_static(taken):  # the branch is known while tracing
+                return ALL if bool(taken) else NONE
+            return lax_broadcast_in_dim(taken, tuple(eqn.invars[i].aval.shape), ())
 
         return LazyMasks(mask, len(eqn.invars))
 

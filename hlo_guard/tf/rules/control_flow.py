@@ -85,10 +85,7 @@ def _carries(dtype) -> bool:
 
 def function_body(op: tf.Operation, name: str, inputs) -> BodyView:
     """The body ``name`` called by ``op``, as a graph of its own."""
-    fn = op.graph._get_function(name)  # pylint: disable=protected-access
-    if fn is None:
-        raise LookupError(f"function {name!r} not found")
-    fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+    fdef = compat.function_def(op.graph, name)
     shapes = [t.shape for t in inputs]
     return BodyView(compat.function_def_to_graph(fdef, input_shapes=shapes))
 
@@ -118,8 +115,7 @@ def _args_read(op, name: str) -> list[bool]:
     """Per argument of the function ``name`` (a branch of ``op``): whether
     the branch reads it at all -- a node's data input or a returned value
     names it.  Read off the ``FunctionDef`` itself, no graph built."""
-    fn = op.graph._get_function(name)  # pylint: disable=protected-access
-    fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+    fdef = compat.function_def(op.graph, name)
     used = {i.split(":")[0] for node in fdef.node_def for i in node.input if not i.startswith("^")}
     used.update(r.split(":")[0] for r in fdef.ret.values())
     return [arg.name in used for arg in fdef.signature.input_arg]

@@ -620,8 +620,7 @@ def _drops_through_unused_output(analysis, node, outs) -> bool:
 def _loop_invariant(op, k: int) -> bool:
     """Whether the loop body returns its input ``k`` unchanged as output ``k``."""
     try:
-        fn = compat.graph_function(op.graph, op.get_attr("body").name)
-        fdef = fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition
+        fdef = compat.function_def(op.graph, op.get_attr("body").name)
     except Exception:  # pragma: no cover - body not found: not provably invariant
         return False
     sig = fdef.signature
