@@ -344,3 +344,16 @@ def test_constant_tables_inside_a_lanewise_custom_call_hold_no_lane():
         np.testing.assert_allclose(
             transform(guard(f))(x), transform(double_where)(x), rtol=1e-6, atol=1e-7
         )
+
+
+def test_constant_tables_keep_a_live_lanes_genuine_singularity():
+    """``x = 0`` kept by the ``where``: the rule's ``0.5 / x`` is infinite
+    there, with or without the guard."""
+    x = jnp.array([0.0, 0.5, 2.0])
+
+    def f(x):
+        return jnp.sum(jnp.where(x >= 0, _log_poly(x), 0.0))
+
+    got = np.asarray(jax.grad(guard(f))(x))
+    assert not np.isfinite(got[0])
+    np.testing.assert_allclose(got[1:], np.asarray(jax.grad(f)(x))[1:], rtol=1e-6)

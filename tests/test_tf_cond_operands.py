@@ -66,3 +66,20 @@ def test_switch_case_operand_read_by_one_branch():
         for jit in (False, True):
             got = xla_grads(hg.guard(f), x, jit=jit)[0]
             np.testing.assert_allclose(got, xla_grads(moved, x, jit=jit)[0], rtol=1e-6)
+
+
+def test_taken_branch_keeps_its_genuine_singularity():
+    """``x = 0`` with the branch reading ``1 / x`` taken: infinite, as in the
+    computation moved into the branch; the other branch's gradient stays."""
+
+    def f(x):
+        r = 1.0 / x
+        return tf.cond(x >= 0.0, lambda: r, lambda: x)
+
+    def moved(x):
+        return tf.cond(x >= 0.0, lambda: 1.0 / x, lambda: x)
+
+    for jit in (False, True):
+        got = xla_grads(hg.guard(f), tf.constant(0.0), jit=jit)[0]
+        assert not np.isfinite(got) and not np.isfinite(xla_grads(moved, 0.0, jit=jit)[0])
+        assert xla_grads(hg.guard(f), tf.constant(-2.0), jit=jit)[0] == 1.0
