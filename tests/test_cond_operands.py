@@ -70,6 +70,22 @@ def test_explain_names_the_cond_as_the_selection():
     assert [o.op for o in site.origins] == ["cond"]
 
 
+def test_explain_says_which_branch_leaves_the_operand_dead():
+    """The origin names the predicate's value (``cond``) or the branch
+    numbers (``switch``) under which the operand is dead, not just "lanes
+    `cond` drops"."""
+
+    def sqrt_before_cond(x):
+        s = jnp.sqrt(x)
+        return lax.cond(x > 0, lambda: s, lambda: -x)
+
+    (site,) = explain(sqrt_before_cond, 0.0).sites
+    assert [o.meaning for o in site.origins] == ["every lane, when `x > 0` is false"]
+    meanings = {s.op: s.origins[0].meaning for s in explain(_switch, 0.0).sites}
+    assert "picks branches 0, 2 (which do not read it)" in meanings["sqrt"]
+    assert "picks branches 0, 1 (which do not read it)" in meanings["log"]
+
+
 def _switch(x):
     s, lg = jnp.sqrt(x), jnp.log(x)  # infinite derivatives at 0
     i = jnp.where(x > 1, 2, jnp.where(x > 0, 1, 0))

@@ -569,7 +569,50 @@ class _Explainer:
             return f"lanes the {prim} does not write"
         if prim == "pad":
             return "lanes the pad drops" if operand != 1 else "lanes holding the padding value"
+        if prim == "cond":
+            return self._cond_meaning(graph, eqn, operand)
         return f"lanes `{prim}` drops"
+
+    def _cond_meaning(self, graph, eqn, operand) -> str:
+        """A ``cond`` operand dies with the index: every lane, whenever the
+        index picks a branch that does not read it (rules.calls'
+        ``_cond_operand_liveness``)."""
+        index = self.render.atom(graph, eqn.invars[0])
+        branches = eqn.params.get("branches", ())
+        if operand is None or operand < 1 or not branches:
+            return f"every lane, when the index `{index}` picks a branch that does not read it"
+        unread = [b for b, branch in enumerate(branches) if not _reads(branch.jaxpr, operand - 1)]
+        if len(branches) == 2 and len(unread) == 1 and _from_predicate(graph, eqn.invars[0]):
+            # ``lax.cond(p, true_fun, false_fun)``: branch 1 is the true one
+            return f"every lane, when `{index}` is {'true' if unread[0] == 1 else 'false'}"
+        which = ", ".join(str(b) for b in unread) or "none"
+        verb = "do" if len(unread) > 1 else "does"
+        return (
+            f"every lane, when the index `{index}` picks branch"
+            f"{'es' if len(unread) > 1 else ''} {which} (which {verb} not read it)"
+        )
+
+
+def _reads(jaxpr, k: int) -> bool:
+    """Whether ``jaxpr`` reads its ``k``-th input at all (an equation's
+    operand, or an output)."""
+    var = jaxpr.invars[k]
+    return any(var is v for e in jaxpr.eqns for v in e.invars) or any(
+        var is v for v in jaxpr.outvars
+    )
+
+
+def _from_predicate(graph, index) -> bool:
+    """Whether a ``cond`` index is a boolean predicate converted to an
+    integer (``lax.cond(pred, ...)``)."""
+    prod = graph.producer(index) if not isinstance(index, Literal) else None
+    if prod is None:
+        return False
+    eqn = graph.eqns[prod[0]]
+    return (
+        eqn.primitive.name == "convert_element_type"
+        and str(getattr(eqn.invars[0].aval, "dtype", "")) == "bool"
+    )
 
 
 def positive(pred: str):
