@@ -24,7 +24,7 @@ the unguarded program and the hand double where.  The variant without them is
 only shows what the class costs.  It reaches into the front end's plan
 (``plan.GUARDED_CONTRACTIONS``) and says so if that moved.
 
-    python benchmarks/guard_classes.py [--size quick|tiny|full] [workload ...]
+    python -m benchmarks.guard_classes [--size quick|tiny|full] [workload ...]
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Fresh function objects each trial (``make_jaxpr`` and ``guard`` cache per
 function), plain and guarded interleaved, the median of ``--rounds``; earlier
 objects are frozen out of the cyclic GC as in ``trace_scaling.py``.
 
-    python benchmarks/model_traces.py [--rounds N] [--only NAME ...]
+    python -m benchmarks.model_traces [--rounds N] [--only NAME ...]
 """
 
 from __future__ import annotations

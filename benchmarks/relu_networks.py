@@ -20,7 +20,7 @@ is exact.
 * a Flax linen CNN (SAME 3x3 convs, ``avg_pool``) with optax's
   integer-label cross-entropy: windows that read every lane drop none.
 
-    python benchmarks/relu_networks.py
+    python -m benchmarks.relu_networks
 """
 
 from __future__ import annotations

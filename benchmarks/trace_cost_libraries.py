@@ -11,7 +11,7 @@ distrax is not installed in the project's venv (``pip download --no-deps
 distrax`` resolves 0.1.9, but it needs tensorflow-probability, which is not
 installed either); equinox stands in as the third library.
 
-    python benchmarks/trace_cost_libraries.py [--rounds N] [--limit 3.0]
+    python -m benchmarks.trace_cost_libraries [--rounds N] [--limit 3.0]
 """
 
 from __future__ import annotations
