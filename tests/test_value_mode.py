@@ -78,6 +78,15 @@ def debug_nans():
         jax.config.update("jax_debug_infs", False)
 
 
+@pytest.fixture
+def nan_checker():
+    jax.config.update("jax_debug_nans", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_debug_nans", False)
+
+
 @pytest.mark.parametrize("f,oracle", SEEDS, ids=IDS)
 def test_value_mode_grad_and_hessian_clean_under_debug_nans(f, oracle, debug_nans):
     want_g = jax.grad(oracle)(X)
@@ -98,6 +107,99 @@ def _arctanh_with_a_dropped_log_det(v):
 def _arctanh_double_where(v):
     ok = jnp.abs(v) < 1
     return jnp.sum(jnp.where(ok, jnp.arctanh(jnp.where(ok, v, 0.0)), 0.0))
+
+
+def _xlogy_under_where(x):
+    return jnp.sum(jnp.where(x > 0, jax.scipy.special.xlogy(x, x), 0.0))
+
+
+def _xlogy_double_where(x):
+    ok = x > 0
+    safe = jnp.where(ok, x, 1.0)
+    return jnp.sum(jnp.where(ok, jax.scipy.special.xlogy(safe, safe), 0.0))
+
+
+def _entr_under_where(x):
+    return jnp.sum(jnp.where(x > 0, jax.scipy.special.entr(x), 0.0))
+
+
+def _entr_double_where(x):
+    ok = x > 0
+    return jnp.sum(jnp.where(ok, jax.scipy.special.entr(jnp.where(ok, x, 1.0)), 0.0))
+
+
+def _logaddexp_of_log(x):
+    """A ``custom_jvp`` (``logaddexp``) between the guarded ``log`` and the
+    ``where``: its body keeps lanes apart, so the dead lanes stay value-dead."""
+    return jnp.sum(jnp.where(x > 0, jnp.logaddexp(jnp.log(x), 0.0), 0.0))
+
+
+def _logaddexp_of_log_dw(x):
+    ok = x > 0
+    return jnp.sum(jnp.where(ok, jnp.logaddexp(jnp.log(jnp.where(ok, x, 1.0)), 0.0), 0.0))
+
+
+@jax.custom_jvp
+def _log1m(x):
+    """``log(1 - x)`` with its own rule, singular at 1: the probe for a safe
+    point must pass over 1.0."""
+    return jnp.log1p(-x)
+
+
+@_log1m.defjvp
+def _log1m_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _log1m(x), t / (x - 1.0)
+
+
+def _log1m_under_where(x):
+    return jnp.sum(jnp.where(x < 0.25, _log1m(x), 0.0))
+
+
+def _log1m_double_where(x):
+    ok = x < 0.25
+    return jnp.sum(jnp.where(ok, _log1m(jnp.where(ok, x, 0.5)), 0.0))
+
+
+CUSTOM = [
+    (_xlogy_under_where, _xlogy_double_where),
+    (_entr_under_where, _entr_double_where),
+    (_logaddexp_of_log, _logaddexp_of_log_dw),
+    (_log1m_under_where, _log1m_double_where),
+]
+
+
+@pytest.mark.parametrize("f,oracle", CUSTOM, ids=["xlogy", "entr", "logaddexp", "own_rule"])
+def test_custom_derivative_calls_clean_under_debug_nans(f, oracle, request):
+    """Lane-wise ``custom_jvp`` calls (jax.scipy's ``xlogy``/``entr``,
+    ``logaddexp``, a user's own rule) get a safe point found by probing their
+    rule, and values pass through them: the gradient and hessian equal the
+    double where and the checker stays quiet (before 2026-11-28 each fell back
+    to the gradient guard and raised).  Infinities are checked too, except for
+    ``entr``, which builds a ``-inf`` constant of its own (the double where
+    trips ``jax_debug_infs`` as well)."""
+    request.getfixturevalue("nan_checker" if f is _entr_under_where else "debug_nans")
+    x = jnp.array([-1.0, 0.0, 0.5, 1.0, 2.0])
+    want_g, want_h = jax.grad(oracle)(x), jax.hessian(oracle)(x)
+    for g in (guarded_jit(f, guard_mode="value"), guard(f, mode="value")):
+        np.testing.assert_allclose(jax.grad(g)(x), want_g, rtol=1e-6)
+        np.testing.assert_allclose(jax.hessian(g)(x), want_h, rtol=1e-6)
+
+
+@pytest.mark.parametrize("f", [f for f, _ in CUSTOM], ids=["xlogy", "entr", "logaddexp", "own"])
+def test_custom_derivative_calls_keep_the_forward(f):
+    x = jnp.array([-1.0, 0.0, 0.5, 1.0, 2.0])
+    np.testing.assert_array_equal(guarded_jit(f, guard_mode="value")(x), jax.jit(f)(x))
+
+
+def test_custom_derivative_call_keeps_a_live_singularity():
+    """``xlogy(x, x)`` taken at 0: ``log 0`` in the live lane stays infinite."""
+
+    def f(x):
+        return jnp.sum(jnp.where(x > -0.5, jax.scipy.special.xlogy(x, x), 0.0))
+
+    g = jax.grad(guard(f, mode="value"))(jnp.array([-1.0, 0.0, 2.0]))
+    assert g[0] == 0.0 and not np.isfinite(g[1]) and np.isfinite(g[2])
 
 
 def test_a_computed_and_dropped_use_does_not_block_value_mode(debug_nans):

@@ -73,7 +73,11 @@ from hlo_guard.jax_frontend.staged_bodies import (
     skipped_nothing,
 )
 from hlo_guard.jax_frontend.tangent_guard import tangent_guarded
-from hlo_guard.jax_frontend.value_mode import safe_point, value_substitutable
+from hlo_guard.jax_frontend.value_mode import (
+    custom_call_safe_point,
+    safe_point,
+    value_substitutable,
+)
 from passes.analysis import Analysis
 from passes.lattice import LIVE
 from passes.masks import (
@@ -328,7 +332,10 @@ class Scope:
     def _safe_point(self, node: int, site: GuardSite):
         """Value mode: the safe point for this site, or None if its dead lanes
         are not all value-dead (see :mod:`value_mode`)."""
-        safe = safe_point(self.graph.eqns[node].primitive.name)
+        eqn = self.graph.eqns[node]
+        safe = safe_point(eqn.primitive.name)
+        if safe is None:
+            safe = custom_call_safe_point(eqn)
         if safe is None or not value_substitutable(self.analysis, node, self.nested):
             return None
         return safe

@@ -22,8 +22,12 @@ value masks) and ``jit`` bodies are walked through; anything else stops it.
 
 from __future__ import annotations
 
-from hlo_guard.jax_frontend.graph import DropVar
+import math
+import weakref
+
+from hlo_guard.jax_frontend.graph import DropVar, is_inexact_aval
 from hlo_guard.jax_frontend.plan import plan_of
+from hlo_guard.jax_frontend.rules.calls import is_lanewise_call
 from hlo_guard.jax_frontend.rules.elementwise import LINEAR_ELEMENTWISE, NONLINEAR_ELEMENTWISE
 
 MODES = ("gradient", "value")
@@ -68,6 +72,8 @@ VALUE_TRANSPARENT = (
     }
 )
 _CALLS = ("jit", "pjit", "closed_call", "eval_jaxpr", "core_call")
+#: walked through when lane-wise (``logaddexp``, ``sinc``, ``xlogy``)
+_CUSTOM_CALLS = ("custom_jvp_call", "custom_vjp_call")
 
 
 def check_mode(mode) -> str:
@@ -82,6 +88,70 @@ def safe_point(primitive_name: str):
     if primitive_name not in NONLINEAR_ELEMENTWISE:
         return None
     return _SAFE_POINTS.get(primitive_name, 1.0)
+
+
+#: candidate safe points for a custom-derivative call, tried in order
+_CUSTOM_CANDIDATES = (1.0, 0.5, 2.0)
+#: larger operands are not probed (the probe evaluates at full size)
+_PROBE_MAX_LANES = 1 << 16
+#: body jaxpr -> operand avals -> the point found (or None)
+_CUSTOM_SAFE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def custom_call_safe_point(eqn):
+    """The safe point of a lane-wise ``custom_jvp_call`` (``xlogy``, ``entr``,
+    ``logaddexp``), or None.
+
+    Its derivative is the library's rule, which no table here describes, so
+    the point is found by trying: a candidate is taken when the call's value
+    and its first and second derivatives along every floating operand are
+    finite with every floating operand at that point.  The probe runs at
+    trace time on constants.  A wrong guess cannot change a result: the
+    substituted lanes are value-dead and the select still zeroes their
+    derivative; at worst a NaN checker sees what it saw before."""
+    if eqn.primitive.name != "custom_jvp_call" or not is_lanewise_call(eqn):
+        return None
+    per_body = _CUSTOM_SAFE.setdefault(eqn.params["call_jaxpr"].jaxpr, {})
+    key = tuple(str(v.aval) for v in eqn.invars)
+    if key in per_body:
+        return per_body[key]
+    found = None
+    avals = [v.aval for v in eqn.invars]
+    floating = [is_inexact_aval(a) for a in avals]
+    if all(floating) and _small(avals):
+        for c in _CUSTOM_CANDIDATES:
+            if _finite_at(eqn, c):
+                found = c
+                break
+    per_body[key] = found
+    return found
+
+
+def _small(avals) -> bool:
+    return all(math.prod(a.shape) <= _PROBE_MAX_LANES for a in avals)
+
+
+def _finite_at(eqn, c: float) -> bool:
+    import jax
+    import jax.numpy as jnp
+
+    from hlo_guard.jax_frontend.binding import bind_eqn
+
+    def call(*args):
+        return bind_eqn(eqn, list(args))
+
+    try:
+        with jax.ensure_compile_time_eval():
+            args = tuple(jnp.full(v.aval.shape, c, v.aval.dtype) for v in eqn.invars)
+            ones = tuple(jnp.ones_like(a) for a in args)
+
+            def first(*xs):
+                return jax.jvp(call, xs, ones)[1]
+
+            values = [call(*args), *jax.jvp(first, args, ones)]
+            return all(bool(jnp.isfinite(jnp.asarray(x)).all()) for v in values for x in v)
+    except Exception:  # noqa: BLE001 - a probe that cannot run finds no point
+        return False
 
 
 def value_substitutable(analysis, node: int, nested: bool) -> bool:
@@ -128,6 +198,12 @@ def _value_flows_ok(analysis, var, nested: bool) -> bool:
                 sub = analysis.subs.get((node, 0))
                 if sub is None or not _through_call(sub, index):
                     return False
+            elif name in _CUSTOM_CALLS:
+                if not is_lanewise_call(eqn):
+                    return False
+                # its primal body keeps lanes apart: output lane i's value
+                # reads input lane i alone (and scalars), whatever its rule
+                # computes for the derivative -- as an elementwise op
             elif name not in VALUE_TRANSPARENT:
                 return False
             stack.extend(o for o in eqn.outvars if not isinstance(o, DropVar))
