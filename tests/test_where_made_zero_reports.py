@@ -158,6 +158,76 @@ def test_a_where_made_zero_over_an_unknown_divisor_is_reported():
     assert [u.op for u in _where_made(explain(f, _X))] == ["div"]
 
 
+_ROWS = jnp.array([[1.0, 2.0, 2.0], [0.5, -1.0, 3.0], [0.0, 0.0, 0.0]])
+_ROW_MASK = jnp.array([True, False, True])
+_W = jnp.arange(1.0, 4.0)
+
+
+def _padded(x):
+    return jnp.where(_ROW_MASK[:, None], x, 0.0)
+
+
+#: the safe normalisation a user writes (the quotient taken only where the
+#: predicate makes its divisor nonzero), and its double where
+_SELECTED_QUOTIENTS = {
+    "n2 > 0, p / sqrt(n2)": (
+        lambda p, n2: jnp.where(n2 > 0, p / jnp.sqrt(n2), 0.0),
+        lambda p, n2: jnp.where(n2 > 0, p / jnp.sqrt(jnp.where(n2 > 0, n2, 1.0)), 0.0),
+    ),
+    "norm != 0, p / norm": (
+        lambda p, n2: jnp.where(jnp.sqrt(n2) != 0, p / jnp.sqrt(n2), 0.0),
+        lambda p, n2: jnp.where(n2 != 0, p / jnp.sqrt(jnp.where(n2 != 0, n2, 1.0)), 0.0),
+    ),
+    "0 < n2, p / n2": (
+        lambda p, n2: jnp.where(0 < n2, p / n2, 0.0),
+        lambda p, n2: jnp.where(0 < n2, p / jnp.where(0 < n2, n2, 1.0), 0.0),
+    ),
+    "n2 <= 0 takes 0": (
+        lambda p, n2: jnp.where(n2 <= 0, 0.0, p / jnp.sqrt(n2)),
+        lambda p, n2: jnp.where(n2 <= 0, 0.0, p / jnp.sqrt(jnp.where(n2 <= 0, 1.0, n2))),
+    ),
+}
+
+
+def _normalised(quotient):
+    def f(x):
+        p = _padded(x)
+        n2 = jnp.sum(p**2, -1, keepdims=True)
+        return jnp.sum(quotient(p, n2) * _W)
+
+    return f
+
+
+@pytest.mark.parametrize("name", sorted(_SELECTED_QUOTIENTS))
+def test_a_quotient_taken_only_where_its_divisor_is_nonzero_is_not_reported(name):
+    """``where(n2 > 0, p / sqrt(n2), 0)`` with ``p`` where-made: the ``0 / 0``
+    lanes are never taken.  It was reported, telling the user to write what
+    they had written (a hunt, 2026-11-28: Flax NNX mean-pool then normalise).
+    The gradient equals the double where's."""
+    quotient, double_where = _SELECTED_QUOTIENTS[name]
+    f = _normalised(quotient)
+    assert not _where_made(explain(f, _ROWS)), name
+    np.testing.assert_allclose(
+        jax.grad(hlo_guard.guard(f))(_ROWS), jax.grad(_normalised(double_where))(_ROWS), rtol=1e-6
+    )
+
+
+_LEAKING_QUOTIENTS = {
+    # the predicate does not say the divisor is nonzero where the quotient is taken
+    "taken where n2 <= 0": lambda p, n2: jnp.where(n2 <= 0, p / jnp.sqrt(n2), 0.0),
+    "predicate on another value": lambda p, n2: jnp.where(n2 + 1 > 0, p / jnp.sqrt(n2), 0.0),
+    # the quotient has a second, unselected reader
+    "read again": lambda p, n2: jnp.where(n2 > 0, p / jnp.sqrt(n2), 0.0) + p / jnp.sqrt(n2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LEAKING_QUOTIENTS))
+def test_a_quotient_whose_nan_can_be_taken_is_still_reported(name):
+    f = _normalised(_LEAKING_QUOTIENTS[name])
+    assert np.isnan(np.asarray(f(_ROWS))).any()  # the 0 / 0 reaches the output
+    assert [u.op for u in _where_made(explain(f, _ROWS))] == ["div"], name
+
+
 @pytest.mark.parametrize(
     "f",
     [

@@ -130,6 +130,10 @@ class JaxprGraph:
         #: back out of the branch; unlike ``caller``, no fact (a constant, a
         #: bound) is read through it
         self.operand_source: tuple | None = None
+        #: a plain call body's results -> (the caller's graph, the call's
+        #: output holding that value), for walks that follow a value forward
+        #: out of the body (``jnp.divide``'s ``jit`` into the ``where`` after it)
+        self.result_targets: dict = {}
         #: :func:`value_bounds.lower_bound`'s answers for this graph
         self.lower_bounds: dict = {}
         #: constants :meth:`known_constant` evaluated (None: not known)
@@ -324,10 +328,22 @@ def body_graph(graph: JaxprGraph, eqn, body, args=None) -> JaxprGraph:
     """The graph of a call's ``body`` as its caller ``graph`` sees it: scoped,
     with the inputs the caller binds to constants marked and a link back to
     the caller's arguments (their values and bounds, asked when needed)."""
+    plain = args is None and eqn.primitive.name in _PLAIN_CALLS
     args = eqn.invars if args is None else args
-    return JaxprGraph(
+    found = JaxprGraph(
         body,
         scope_name(graph.scope, eqn),
         constant_body_inputs(graph, args, body),
         caller=(graph, dict(zip(body.invars, args))),
     )
+    if plain and len(body.outvars) == len(eqn.outvars):
+        results = [v for v in body.outvars if not isinstance(v, Literal)]
+        for inner, outer in zip(body.outvars, eqn.outvars):
+            if not isinstance(inner, Literal) and results.count(inner) == 1:
+                if not isinstance(outer, DropVar):
+                    found.result_targets[inner] = (graph, outer)
+    return found
+
+
+#: calls whose body's results are the call's outputs, one to one
+_PLAIN_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2"})

@@ -386,8 +386,161 @@ def where_made_zero_quotients(analysis) -> list[UnguardedSite]:
         num, den = eqn.invars
         sources = zero_selects(graph, num, memo=memo)
         if sources and not all(_divisor_nonzero(graph, den, s, eqn) for s in sources):
-            found.append(UnguardedSite(node, WHERE_MADE_ZERO_QUOTIENT, out))
+            if not _quotient_selected_where_divisor_nonzero(analysis, eqn):
+                found.append(UnguardedSite(node, WHERE_MADE_ZERO_QUOTIENT, out))
     return found
+
+
+def _quotient_selected_where_divisor_nonzero(analysis, div) -> bool:
+    """The safe normalisation ``where(n2 > 0, p / sqrt(n2), 0)``: the
+    quotient's only reader is a ``where`` that takes it only where its
+    predicate makes the divisor nonzero (``n2 > 0``, ``norm != 0``, or the
+    false case of ``n2 <= 0``).  Its ``0 / 0`` lanes are then never taken:
+    the NaN is a dropped value, and the division's derivative in those lanes
+    is dead, which the boundary guards handle (found by a user-style hunt,
+    2026-11-28: the report told the user to write what they had written).
+    The predicate and the divisor must be lane-aligned copies of one value
+    (the same broadcasts and reshapes on both sides)."""
+    found = _sole_select_reader(analysis.graph, div.outvars[0])
+    if found is None:
+        return False
+    sgraph, select, case = found
+    if len(select.invars) != 3 or str(getattr(select.invars[0].aval, "dtype", "")) != "bool":
+        return False
+    cmp_graph, cmp, pred_copies = _through_copies(sgraph, select.invars[0])
+    if cmp is None or cmp.primitive.name not in _COMPARISONS:
+        return False
+    den = div.invars[1]
+    implicit: tuple = ()
+    shape = tuple(div.outvars[0].aval.shape)
+    den_shape = tuple(getattr(den.aval, "shape", ()))
+    if den_shape != shape:
+        if len(den_shape) != len(shape):
+            return False
+        # ``div`` broadcasts a size-1 axis itself: as ``broadcast_in_dim``
+        implicit = (("broadcast_in_dim", shape, tuple(range(len(shape))), ()),)
+    chain = _divisor_chain(analysis.graph, den, implicit)
+    a, b = cmp.invars
+
+    def is_divisor(x) -> bool:
+        # the compared value may itself be a zero-preserving function of the
+        # divisor's value (``sqrt(n2) != 0`` against ``p / sqrt(n2)``)
+        compared = [(g, v) for g, v, copies in _divisor_chain(cmp_graph, x) if not copies]
+        return any(
+            copies == pred_copies and cg.same_value(cv, g, v)
+            for g, v, copies in chain
+            for cg, cv in compared
+        )
+
+    def constant(x, test) -> bool:
+        val = cmp_graph.known_constant(x)
+        return val is not None and bool(np.all(test(np.asarray(val))))
+
+    nonneg, positive, zero = (lambda c: c >= 0), (lambda c: c > 0), (lambda c: c == 0)
+    name = cmp.primitive.name
+    if case == 2:  # taken where the predicate holds
+        return (
+            (name == "gt" and is_divisor(a) and constant(b, nonneg))
+            or (name == "lt" and is_divisor(b) and constant(a, nonneg))
+            or (name == "ge" and is_divisor(a) and constant(b, positive))
+            or (name == "le" and is_divisor(b) and constant(a, positive))
+            or (name == "ne" and is_divisor(a) and constant(b, zero))
+            or (name == "ne" and is_divisor(b) and constant(a, zero))
+        )
+    return (  # case 1: taken where it does not
+        (name == "le" and is_divisor(a) and constant(b, nonneg))
+        or (name == "ge" and is_divisor(b) and constant(a, nonneg))
+        or (name == "lt" and is_divisor(a) and constant(b, positive))
+        or (name == "gt" and is_divisor(b) and constant(a, positive))
+        or (name == "eq" and is_divisor(a) and constant(b, zero))
+        or (name == "eq" and is_divisor(b) and constant(a, zero))
+    )
+
+
+#: lane-wise operations under which a value is nonzero exactly where its
+#: operand is (``sqrt`` of a positive value is positive)
+_ZERO_PRESERVING = frozenset({"sqrt", "abs", "neg"})
+#: copies that move lanes; the predicate must have made the same ones
+_LANE_COPIES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
+
+
+def _divisor_chain(graph, atom, copies: tuple = (), depth: int = 8) -> list:
+    """``(graph, value, copies)`` for the divisor and each value it is
+    computed from by zero-preserving operations and lane copies; ``copies``
+    are the lane copies between that value and the division (``copies``
+    given: the division's own implicit broadcast)."""
+    chain = []
+    for _ in range(depth):
+        graph, atom = graph.value_source(atom)
+        chain.append((graph, atom, copies))
+        found = None if is_literal(atom) else graph.producer(atom)
+        if found is None:
+            break
+        eqn = graph.eqns[found[0]]
+        name = eqn.primitive.name
+        if name in _LANE_COPIES:
+            copies = (_copy_key(eqn), *copies)
+        elif name not in _ZERO_PRESERVING:
+            break
+        atom = eqn.invars[0]
+    return chain
+
+
+def _through_copies(graph, atom, depth: int = 8):
+    """(graph, the equation that computes ``atom`` beneath lane copies,
+    the copies) -- the comparison a ``where``'s broadcast predicate is."""
+    copies: tuple = ()
+    for _ in range(depth):
+        graph, atom = graph.value_source(atom)
+        found = None if is_literal(atom) else graph.producer(atom)
+        if found is None:
+            return graph, None, copies
+        eqn = graph.eqns[found[0]]
+        if eqn.primitive.name not in _LANE_COPIES:
+            return graph, eqn, copies
+        copies = (_copy_key(eqn), *copies)
+        atom = eqn.invars[0]
+    return graph, None, copies
+
+
+def _copy_key(eqn):
+    return (
+        eqn.primitive.name,
+        tuple(eqn.outvars[0].aval.shape),
+        tuple(eqn.params.get("broadcast_dimensions", ()) or ()),
+        tuple(eqn.params.get("dimensions", ()) or ()),
+    )
+
+
+def _sole_select_reader(graph, var, depth: int = 8):
+    """(graph, ``select_n`` equation, case index) when ``var``'s one reader
+    is a ``select_n`` case, followed out of the call that computes it
+    (``jnp.divide``'s ``jit``) and into the call that wraps the select
+    (``jnp.where``'s); else None."""
+    for _ in range(depth):
+        readers = [
+            (n, i) for n, e in enumerate(graph.eqns) for i, v in enumerate(e.invars) if v is var
+        ]
+        results = sum(1 for o in graph.jaxpr.outvars if o is var)
+        if results:
+            target = graph.result_targets.get(var)
+            if readers or results != 1 or target is None:
+                return None
+            graph, var = target
+            continue
+        if len(readers) != 1:
+            return None
+        node, index = readers[0]
+        eqn = graph.eqns[node]
+        if eqn.primitive.name == "select_n":
+            return (graph, eqn, index) if index >= 1 else None
+        if eqn.primitive.name not in REWRITTEN_CALLS | {"pjit"}:
+            return None
+        body = graph.call_body_graph(node)
+        if len(body.jaxpr.invars) != len(eqn.invars):
+            return None
+        graph, var = body, body.jaxpr.invars[index]
+    return None
 
 
 def _divisor_nonzero(graph, den, source, div) -> bool:
