@@ -228,6 +228,56 @@ def test_a_quotient_whose_nan_can_be_taken_is_still_reported(name):
     assert [u.op for u in _where_made(explain(f, _ROWS))] == ["div"], name
 
 
+_TOKENS = jnp.array([0, 2, 1, 0])
+
+
+def _token_mask():
+    return (_TOKENS > 0).astype(jnp.float32)
+
+
+def test_a_boolean_mask_cast_to_float_is_a_where_made_zero():
+    """``cast(mask) * loss`` -- how Keras applies a propagated mask -- is
+    ``where(mask, 1, 0) * loss`` written as a conversion: a zero by value,
+    ``0 * inf`` behind a row norm of a padded row.  Plain JAX is NaN and the
+    report was clean (a hunt, 2026-11-28); it now names the ``mul``."""
+
+    def f(x):
+        return jnp.sum(_token_mask() * jnp.sqrt(jnp.sum(x**2, -1)))
+
+    x = jnp.array([[0.0, 0.0], [1.0, 2.0], [3.0, 0.0], [0.0, 0.0]])
+    assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(f))(x))).any()
+    assert [u.op for u in _where_made(explain(f, x))] == ["mul"]
+
+
+_LOGITS = jnp.array([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0], [2.0, 2.0, 2.0], [-5.0, 0.0, 1.0]])
+
+#: one-hot cross-entropies: a 0/1 mask times a softmax's max-shifted log,
+#: whose derivative is bounded -- no ``0 * inf``, nothing to report
+_ONE_HOT_LOSSES = {
+    "one_hot * log_softmax": lambda z: -jnp.sum(jax.nn.one_hot(_TOKENS, 3) * jax.nn.log_softmax(z)),
+    "logsumexp - picked": lambda z: jnp.sum(
+        jax.nn.logsumexp(z, -1) - jnp.sum(jax.nn.one_hot(_TOKENS, 3) * z, -1)
+    ),
+    "masked token mean": lambda z: (
+        -jnp.sum(_token_mask()[:, None] * jax.nn.one_hot(_TOKENS, 3) * jax.nn.log_softmax(z))
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ONE_HOT_LOSSES))
+def test_a_one_hot_cross_entropy_is_not_reported(name):
+    f = _ONE_HOT_LOSSES[name]
+    assert np.isfinite(np.asarray(jax.grad(f)(_LOGITS))).all()
+    assert not _where_made(explain(f, _LOGITS)), name
+
+
+def test_a_log_of_a_softmax_is_still_reported():
+    """``log(softmax(z))`` is not shifted: a softmax lane can underflow to 0,
+    and ``log'(0)`` is infinite -- the mask's zero meets it."""
+    f = lambda z: -jnp.sum(jax.nn.one_hot(_TOKENS, 3) * jnp.log(jax.nn.softmax(z)))  # noqa: E731
+    assert [u.op for u in _where_made(explain(f, _LOGITS))] == ["mul"]
+
+
 @pytest.mark.parametrize(
     "f",
     [

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from hlo_guard.errors import GuardUsageError
 from hlo_guard.tf.records import BuildRecord
 from hlo_guard.tf.rules import RULES
+from hlo_guard.tf.where_made_zeros import where_made_zero_factors
 from passes.planning import protected_hazards
 from passes.report import OriginRecord, Report, SiteRecord
 
@@ -178,7 +179,11 @@ def _collect(record: BuildRecord, scope: str, sites: list) -> None:
                 reason=reason,
             )
         )
-    for u in record.unguarded:
+    unguarded = list(record.unguarded)
+    if record.analysis is not None:
+        # (asked here, not while guarding: :mod:`hlo_guard.tf.where_made_zeros`)
+        unguarded += where_made_zero_factors(graph, record.analysis)
+    for u in unguarded:
         op, loc, _ = _describe(graph, graph.ops[u.node].name)
         sites.append(
             SiteRecord(

@@ -21,6 +21,7 @@ import numpy as np
 
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
 from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.rules.shifted_exp import bounded_by_max_shift
 from hlo_guard.jax_frontend.value_bounds import lower_bound
 from passes.planning import UnguardedSite
 
@@ -35,7 +36,7 @@ def hazard_before(analysis, operand) -> bool:
     (:func:`_lies_behind`).  The guarded function's own arguments, and
     values behind only linear operations on them, have nothing to protect."""
 
-    def hazardous(eqn) -> bool:
+    def hazardous(_graph, eqn) -> bool:
         rule = analysis.rules.get(eqn.primitive.name)
         if rule is None or any(body_is_risky(b) for b in sub_jaxprs(eqn)):
             return True
@@ -80,7 +81,7 @@ def _lies_behind(graph, operand, found_in, precise: bool = False) -> bool:
             body = g.call_body_graph(producer[0])
             stack.append((body, body.jaxpr.outvars[producer[1]]))
             continue
-        if found_in(eqn):
+        if found_in(g, eqn):
             return True
         stack.extend((g, a) for a in eqn.invars)
     return False
@@ -194,7 +195,14 @@ def singular_before(graph, operand) -> bool:
     ``integer_pow`` with a negative exponent) lies behind ``operand``, or in
     the body of a call behind it (:func:`_lies_behind`; a ``jnp`` wrapper's
     body only behind the output read)."""
-    return _lies_behind(graph, operand, _singular, precise=True)
+    return _lies_behind(graph, operand, _singular_here, precise=True)
+
+
+def _singular_here(graph, eqn) -> bool:
+    """:func:`_singular`, except a softmax's max-shifted ``exp`` and the
+    ``log`` of its sum, whose derivatives are at most 1
+    (:mod:`shifted_exp`): a one-hot cross-entropy is not ``0 * inf``."""
+    return not bounded_by_max_shift(graph, eqn) and _singular(eqn)
 
 
 def _singular(eqn, depth: int = 64) -> bool:
@@ -266,6 +274,10 @@ def _zero_selects(graph, atom, depth: int, memo: dict) -> list[tuple]:
     node, j = found
     eqn = graph.eqns[node]
     name = eqn.primitive.name
+    if name == "convert_element_type" and _is_bool(eqn.invars[0]):
+        # ``m.astype(float)``: a 0/1 mask (Keras's ``cast(mask) * loss``), the
+        # where ``select_n(m, 0, 1)`` written as a conversion
+        return [(graph, eqn, frozenset({0}))]
     if name in _PASS_THROUGH:
         return zero_selects(graph, eqn.invars[0], depth - 1, memo)
     if name in _KEEPS_ZERO:
@@ -285,6 +297,10 @@ def _zero_selects(graph, atom, depth: int, memo: dict) -> list[tuple]:
         k for k, case in enumerate(cases) if known[k] or _zero_coefficient(graph, case, depth, memo)
     )
     return [(graph, eqn, zero)] if zero and not all(known) else []
+
+
+def _is_bool(atom) -> bool:
+    return str(getattr(getattr(atom, "aval", None), "dtype", "")) == "bool"
 
 
 def _zero_coefficient(graph, case, depth: int, memo: dict) -> bool:

@@ -1,0 +1,64 @@
+"""TF reports a zero a mask makes by *value* times a singular factor
+(:mod:`hlo_guard.tf.where_made_zeros`), as the JAX front end does.
+
+``tf.cast(mask, f32) * tf.norm(x, -1)`` -- Keras's way of applying a mask --
+is NaN under XLA on a padded row (``0 * sqrt'(0)``), guarded or not: the
+padded lanes are not dead (the cotangent is the zero's value), and the
+contract keeps a numeric zero's NaN.  Until 2026-11-28 the report was clean
+(a user-style hunt: Keras ``Masking`` + a norm loss trained to NaN weights
+under ``fit(jit_compile=True)``)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_tf_support import xla_grads
+
+import hlo_guard.tf as hg
+
+X = tf.constant([[0.0, 0.0], [1.0, 4.0], [3.0, 0.0]])
+M = tf.constant([False, True, True])
+
+
+def _where_made(report):
+    return [s for s in report.unguarded if "zero made by a mask's value" in s.reason]
+
+
+LEAKING = {
+    "cast(mask) * norm": lambda x: tf.cast(M, tf.float32) * tf.norm(x, axis=-1),
+    "where(mask, 1, 0) * norm": lambda x: tf.where(M, 1.0, 0.0) * tf.norm(x, axis=-1),
+    "cast(any(x > 0)) * norm": lambda x: (
+        tf.cast(tf.reduce_any(x > 0, -1), tf.float32) * tf.norm(x, axis=-1)
+    ),
+    "norm * cast(mask) * 2": lambda x: tf.norm(x, axis=-1) * (tf.cast(M, tf.float32) * 2.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKING))
+def test_a_mask_multiplying_a_singular_factor_is_reported(name):
+    f = LEAKING[name]
+    guarded = hg.guard(f)
+    (grad,) = xla_grads(guarded, X)
+    assert np.isnan(grad[0]).all()  # the padded row: 0 * sqrt'(0), plain XLA's NaN kept
+    np.testing.assert_array_equal(guarded(X), f(X))
+    (site,) = _where_made(hg.report(guarded, X))
+    assert site.op.startswith("Mul")
+    assert "tf.where(mask, loss, 0)" in site.reason
+
+
+CLEAN = {
+    # selecting instead of multiplying: a dead lane, guarded
+    "where(mask, norm, 0)": lambda x: tf.where(M, tf.norm(x, axis=-1), 0.0),
+    # nothing singular behind the other factor
+    "cast(mask) * sum of squares": lambda x: tf.cast(M, tf.float32) * tf.reduce_sum(x * x, -1),
+    # the mask is data, not made by a select or a cast: a numeric zero, as any other
+    "weights * norm": lambda x: tf.constant([0.0, 1.0, 1.0]) * tf.reduce_sum(x * x, -1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLEAN))
+def test_anything_else_is_not(name):
+    f = CLEAN[name]
+    guarded = hg.guard(f)
+    assert not _where_made(hg.report(guarded, X))
+    (grad,) = xla_grads(guarded, X)
+    assert np.isfinite(grad).all()
