@@ -152,7 +152,7 @@ def _constant_zero(graph, name, depth: int = 8) -> bool:
 def _singular_before(graph, name) -> bool:
     """Whether an operation with an unbounded derivative, or a call, lies
     behind tensor ``name`` on the values that carry a derivative to it."""
-    stack, seen = [name], set()
+    stack, seen = [name], set[str]()
     while stack and len(seen) < _MAX_STEPS:
         name = stack.pop()
         if name in seen or not graph.carries_derivative(name):
