@@ -237,3 +237,39 @@ def test_sparse_argument_whose_indices_are_unused():
     e_out, e_grads = jit_value_and_grads(safe_sqrt, X)
     assert_same(out, e_out)
     assert_same(grads[0], e_grads[0])
+
+
+def _reads_v_and_u_and_drops_them(v, w):
+    def f(x, u):
+        _dropped = tf.sqrt(u) * v  # computed, never returned (an unused attention output)
+        return tf.where(x > 0, tf.sqrt(x), 0.0) * w
+
+    return f
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
+def test_a_variable_no_output_reads_gets_no_gradient(jit):
+    """``tape.gradient`` gives None for a variable (or an input) that the
+    function reads but no output depends on, as plain TF does: an optimizer
+    skips it, ``g is None`` tests hold.  Under XLA the guarded call's
+    recomputed gradient returned zeros (a hunt, 2026-11-28), so momentum and
+    weight decay moved such a variable."""
+    v, w = tf.Variable([1.0, 2.0, 3.0, 4.0]), tf.Variable([3.0, 4.0, 5.0, 6.0])
+    u = tf.constant([1.0, 2.0, 3.0, 4.0])
+    f = _reads_v_and_u_and_drops_them(v, w)
+
+    def run(fn):
+        @tf.function(jit_compile=jit)
+        def step(x, u):
+            with tf.GradientTape() as tape:
+                tape.watch(u)
+                y = tf.reduce_sum(fn(x, u))
+            return tape.gradient(y, [v, w, u])
+
+        return step(X, u)
+
+    plain, guarded = run(f), run(hg.guard(f))
+    assert plain[0] is None and guarded[0] is None
+    assert plain[2] is None and guarded[2] is None
+    oracle = run(lambda x, u: safe_sqrt(x) * w)[1]
+    np.testing.assert_array_equal(guarded[1].numpy(), oracle.numpy())

@@ -141,6 +141,10 @@ def call_with_recomputed_gradient(
                 if is_inexact(y.dtype) and dy is not None
             ]
             differentiable = [is_inexact(t.dtype) for t in tensors]
+            #: per differentiated tensor: whether a cotangent reaches it (set
+            #: while ``backward`` is traced); one that none reaches gets None,
+            #: as plain TF gives a variable or input the outputs do not read
+            connected: list[bool] = []
 
             def backward(inputs, cotangents):
                 a2, k2 = rebuild(inputs)
@@ -152,19 +156,19 @@ def call_with_recomputed_gradient(
                     [outs[i] for i in wanted_out],
                     xs,
                     grad_ys=list(cotangents),
-                    unconnected_gradients=tf.UnconnectedGradients.ZERO,
+                    unconnected_gradients=tf.UnconnectedGradients.NONE,
                 )
-                return [
-                    tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
-                    for x, g in zip(xs, grads)
-                ]
+                connected[:] = [g is not None for g in grads]
+                return [tf.convert_to_tensor(g) for g in grads if g is not None]
 
             cotangents = [tf.convert_to_tensor(dys[i]) for i in wanted_out]
-            if not wanted_out:
-                grads = [tf.zeros_like(t) for t, d in zip(tensors, differentiable) if d]
-                grads += [tf.zeros_like(v) for v in variables]
+            n_xs = sum(differentiable) + len(variables)
+            if wanted_out:
+                found = tf.function(backward, autograph=False)(list(tensors), cotangents)
+                found_it = iter(found)
+                grads = [next(found_it) if c else None for c in connected]
             else:
-                grads = tf.function(backward, autograph=False)(list(tensors), cotangents)
+                grads = [None] * n_xs
             it = iter(grads)
             input_grads = [next(it) if d else None for d in differentiable]
             variable_grads = [next(it) for _ in variables]
