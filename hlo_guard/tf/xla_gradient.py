@@ -74,7 +74,8 @@ def warn_compiled_per_value(name: str, reason: str) -> None:
         f"hlo_guard.tf.guard({name}): inside tf.function(jit_compile=True) this call's "
         f"gradient is TF's own nested-function gradient, because the program {reason}. "
         "If a tf.cond/tf.while_loop body has a gather, concat, transpose, pad, tile, split, "
-        "cumsum or max/min reduction, XLA compiles the step again for every new input value; "
+        "cumsum or max/min reduction (a Keras RNN's loop does), XLA compiles the step again "
+        "for every new value of an input or a variable it reads -- every training step; "
         "keep the control flow outside the guarded function to avoid it.",
         stacklevel=4,
     )
