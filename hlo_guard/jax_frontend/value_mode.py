@@ -109,8 +109,8 @@ def custom_call_safe_point(eqn):
     trace time on constants.  A wrong guess cannot change a result: the
     substituted lanes are value-dead and the select still zeroes their
     derivative; at worst a NaN checker sees what it saw before."""
-    if eqn.primitive.name != "custom_jvp_call" or not is_lanewise_call(eqn):
-        return None
+    if eqn.primitive.name != "custom_jvp_call" or eqn.effects or not is_lanewise_call(eqn):
+        return None  # (an effect -- a debug print -- must not run at trace time)
     per_body = _CUSTOM_SAFE.setdefault(eqn.params["call_jaxpr"].jaxpr, {})
     key = tuple(str(v.aval) for v in eqn.invars)
     if key in per_body:
