@@ -17,7 +17,10 @@ forward result (``max(log x, -5)`` must stay -5), so any use of that kind on
 the way from the guarded operation to the outputs makes the site fall back to
 the gradient guard.  The check is structural and conservative: only the
 primitives in ``VALUE_TRANSPARENT`` (whose gradient masks are exactly their
-value masks) and ``jit`` bodies are walked through; anything else stops it.
+value masks), ``jit`` bodies and lane-wise custom-derivative calls (their
+masks map output lane i to input lane i, as their primal body computes) are
+walked through; anything else stops it.  A lane-wise ``custom_jvp`` call's
+own safe point comes from probing its rule (:func:`custom_call_safe_point`).
 """
 
 from __future__ import annotations
