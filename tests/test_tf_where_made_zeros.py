@@ -30,6 +30,7 @@ LEAKING = {
         tf.cast(tf.reduce_any(x > 0, -1), tf.float32) * tf.norm(x, axis=-1)
     ),
     "norm * cast(mask) * 2": lambda x: tf.norm(x, axis=-1) * (tf.cast(M, tf.float32) * 2.0),
+    "cast(mask) * log": lambda x: tf.cast(M, tf.float32) * tf.reduce_sum(tf.math.log(x), -1),
 }
 
 
@@ -52,6 +53,19 @@ CLEAN = {
     "cast(mask) * sum of squares": lambda x: tf.cast(M, tf.float32) * tf.reduce_sum(x * x, -1),
     # the mask is data, not made by a select or a cast: a numeric zero, as any other
     "weights * norm": lambda x: tf.constant([0.0, 1.0, 1.0]) * tf.reduce_sum(x * x, -1),
+    # singular ops kept away from their singularity, as TF's and Keras's losses write them
+    "cast(mask) * logistic loss": lambda x: (
+        tf.cast(M, tf.float32)
+        * tf.reduce_sum(
+            tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.ones_like(x), logits=x), -1
+        )
+    ),
+    "cast(mask) * log(clip)": lambda x: (
+        tf.cast(M, tf.float32) * tf.reduce_sum(tf.math.log(tf.clip_by_value(x, 1e-7, 1.0)), -1)
+    ),
+    "cast(mask) * log(maximum)": lambda x: (
+        tf.cast(M, tf.float32) * tf.reduce_sum(tf.math.log(tf.maximum(x, 1e-7)), -1)
+    ),
 }
 
 

@@ -162,10 +162,81 @@ def _singular_before(graph, name) -> bool:
         if found is None:
             continue
         op, inputs = found
-        if op.type in SINGULAR or op.type in _CALLS:
+        if (op.type in SINGULAR and not _bounded(graph, op, inputs)) or op.type in _CALLS:
             return True
         stack.extend(inputs)
     return bool(stack)  # too far to tell: say so
+
+
+def _bounded(graph, op, inputs) -> bool:
+    """A singular op whose input keeps it away from its singularity, as the
+    losses TF and Keras write use them: ``exp(-|x|)`` is at most 1 and
+    ``log1p(exp(y))`` has a derivative below 1 (the logistic loss of a
+    binary cross-entropy); ``log``/``sqrt``/``rsqrt`` of, or a division by,
+    a value clipped or maxed to a positive constant (``log(clip(p, eps,
+    1 - eps))``) is finite with a finite derivative."""
+    source = _beneath_identity(graph, inputs[0] if op.type != "RealDiv" else inputs[1])
+    if source is None:
+        return False
+    inner, inner_inputs = source
+    if op.type == "Exp":
+        return _non_positive(graph, inner, inner_inputs)
+    if op.type == "Log1p":
+        return inner.type == "Exp"
+    if op.type in ("Log", "Sqrt", "Rsqrt", "RealDiv"):
+        if inner.type == "ClipByValue":
+            return _positive_constant(graph, inner_inputs[1])
+        if inner.type == "Maximum":
+            return any(_positive_constant(graph, t) for t in inner_inputs)
+    return False
+
+
+def _non_positive(graph, op, inputs) -> bool:
+    """``-|x|``, written as ``Neg(Abs(x))`` or as TF's logistic loss writes
+    it, ``where(x >= 0, -x, x)``."""
+    if op.type == "Neg":
+        below = _beneath_identity(graph, inputs[0])
+        return below is not None and below[0].type == "Abs"
+    if op.type not in ("Select", "SelectV2"):
+        return False
+    cond, taken, other = inputs
+    negated = _beneath_identity(graph, taken)
+    compared = _beneath_identity(graph, cond)
+    return (
+        negated is not None
+        and negated[0].type == "Neg"
+        and negated[1][0] == other
+        and compared is not None
+        and compared[0].type in ("GreaterEqual", "Greater")
+        and compared[1][0] == other
+        and _zero_constant(graph, compared[1][1])
+    )
+
+
+def _zero_constant(graph, name) -> bool:
+    found = _beneath_identity(graph, name)
+    if found is None or found[0].type != "Const":
+        return False
+    value = tf.get_static_value(found[0].outputs[0])
+    return value is not None and bool(np.all(np.asarray(value) == 0))
+
+
+def _beneath_identity(graph, name, depth: int = 8):
+    """(op, its recorded inputs) computing ``name``, seen through ``Identity``."""
+    for _ in range(depth):
+        found = _producer_op(graph, name)
+        if found is None or found[0].type != "Identity":
+            return found
+        name = found[1][0]
+    return None
+
+
+def _positive_constant(graph, name) -> bool:
+    found = _beneath_identity(graph, name)
+    if found is None or found[0].type != "Const":
+        return False
+    value = tf.get_static_value(found[0].outputs[0])
+    return value is not None and bool(np.all(np.asarray(value) > 0))
 
 
 __all__ = ["WHERE_MADE_ZERO", "where_made_zero_factors"]
