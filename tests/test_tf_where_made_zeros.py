@@ -11,7 +11,7 @@ under ``fit(jit_compile=True)``)."""
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_tf_support import xla_grads
+from test_tf_support import jvp_of_ones, xla_grads
 
 import hlo_guard.tf as hg
 
@@ -76,3 +76,37 @@ def test_anything_else_is_not(name):
     assert not _where_made(hg.report(guarded, X))
     (grad,) = xla_grads(guarded, X)
     assert np.isfinite(grad).all()
+
+
+def _masked_square(x):
+    """A 0/1 mask times a where: the mask's own factor is finite and has no
+    tangent, so the product cannot turn a zero tangent into NaN."""
+    return tf.cast(M, tf.float32) * tf.where(x > 0, x * x, 0.0)[:, 0]
+
+
+def test_a_bool_mask_factor_needs_no_forward_mode_guard():
+    """``loss * cast(mask)`` (Keras's ``SparseCategoricalCrossentropy(
+    ignore_class=...)``) was given a forward-mode output guard and also
+    reported as an unguarded forward-mode site; a cast boolean is a finite
+    scale, as a finite constant is.  The tangent still equals the double
+    plain program's."""
+    guarded = hg.guard(_masked_square)
+    report = hg.report(guarded, X)
+    assert not report.unguarded
+    assert all(s.operand is not None for s in report.guards)  # no output guard
+    np.testing.assert_array_equal(jvp_of_ones(guarded, X), jvp_of_ones(_masked_square, X))
+
+
+def test_keras_ignore_class_cross_entropy_report_is_clean():
+    keras = pytest.importorskip("keras")
+    logits = tf.constant(np.random.default_rng(0).normal(size=(3, 4, 5)), tf.float32)
+    labels = tf.constant([[0, 1, 2, 3], [4, 0, -1, -1], [-1, -1, -1, -1]], tf.int32)
+    loss = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, ignore_class=-1, reduction=None
+    )
+    guarded = hg.guard(lambda z: loss(labels, z))
+    report = hg.report(guarded, logits)
+    assert not report.unguarded
+    np.testing.assert_allclose(
+        jvp_of_ones(guarded, logits), jvp_of_ones(lambda z: loss(labels, z), logits), rtol=1e-6
+    )

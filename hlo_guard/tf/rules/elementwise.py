@@ -60,6 +60,9 @@ class Elementwise(TFRule):
             return False
         op = analysis.graph.op(node)
         consts = [i for i, t in enumerate(op.inputs) if t.op.type == "Const"]
+        if op.type in ("Mul", "MulNoNan") and any(_bool_cast(t) for t in op.inputs):
+            # a 0/1 mask (Keras's ``loss * cast(mask)``): finite, no tangent of its own
+            return False
         if op.type in ("Mul", "MulNoNan") and consts:
             return not all(np.isfinite(_const(op.inputs[i])).all() for i in consts)
         if op.type in ("RealDiv", "Div") and consts == [1]:
@@ -70,6 +73,23 @@ class Elementwise(TFRule):
 
 def _const(t):
     return np.asarray(tf.get_static_value(t))
+
+
+#: copies a 0/1 mask stays one through
+_MASK_COPIES = frozenset({"Identity", "BroadcastTo", "Reshape", "ExpandDims", "Squeeze", "Tile"})
+
+
+def _bool_cast(t, depth: int = 8) -> bool:
+    """Whether ``t`` is a boolean cast to a number (every lane 0 or 1, no
+    tangent), seen through copies."""
+    for _ in range(depth):
+        op = t.op
+        if op.type == "Cast":
+            return op.inputs[0].dtype == tf.bool
+        if op.type not in _MASK_COPIES:
+            return False
+        t = op.inputs[0]
+    return False
 
 
 class ZeroWhereOperandIsZero(Elementwise):
