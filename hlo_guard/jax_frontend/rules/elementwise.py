@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 import passes.rules as passes_rules
+from hlo_guard.jax_frontend.graph import is_literal
 from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
 from hlo_guard.jax_frontend.rules.base import (
     JaxRule,
@@ -70,7 +71,8 @@ class Elementwise(JaxRule):
             return False
         eqn = analysis.graph.eqns[node]
         if eqn.primitive.name == "mul" and len(eqn.invars) == 2:
-            return not _finite_constant(analysis.graph, eqn.invars[1 - index])
+            other = eqn.invars[1 - index]
+            return not (_finite_constant(analysis.graph, other) or _mask(analysis.graph, other))
         return True
 
     def guards_output(self, analysis, node, index):
@@ -87,6 +89,8 @@ class Elementwise(JaxRule):
             return not _finite_derivative_above(graph, eqn.invars[0], name)
         if name not in ("mul", "div"):
             return True
+        if name == "mul" and any(_mask(graph, v) for v in eqn.invars):
+            return False  # a 0/1 factor without a tangent: a finite scale
         known = {i: graph.known_constant(v) for i, v in enumerate(eqn.invars)}
         known = {i: val for i, val in known.items() if val is not None}
         if name == "mul" and known:
@@ -142,6 +146,29 @@ def _finite_derivative_above(graph, atom, name: str, scale: float = 1.0) -> bool
             return False
         slope = scale * _BOUNDED_BELOW_DERIVATIVE[name](b)
         return bool(slope <= float(np.finfo(dtype).max))
+
+
+#: copies a 0/1 mask stays one through (for :func:`_mask`)
+_MASK_COPIES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
+
+
+def _mask(graph, atom, depth: int = 8) -> bool:
+    """Whether ``atom`` is a boolean converted to a number (``m.astype(f32)``:
+    every lane 0 or 1, no derivative of its own), seen through copies and
+    calls.  A factor like that scales a cotangent or tangent finitely."""
+    for _ in range(depth):
+        graph, atom = graph.value_source(atom)
+        found = None if is_literal(atom) else graph.producer(atom)
+        if found is None:
+            return False
+        eqn = graph.eqns[found[0]]
+        name = eqn.primitive.name
+        if name == "convert_element_type":
+            return str(getattr(eqn.invars[0].aval, "dtype", "")) == "bool"
+        if name not in _MASK_COPIES:
+            return False
+        atom = eqn.invars[0]
+    return False
 
 
 def _finite_constant(graph, atom, nonzero: bool = False) -> bool:
