@@ -8,6 +8,7 @@ are mapped to ``None`` here and nowhere else.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Hashable
 from typing import Any
 
@@ -49,6 +50,11 @@ def is_literal(atom) -> bool:
 #: dtype -> whether it is inexact: asked several times per equation by every
 #: sweep of the pass, and ``jax.dtypes.issubdtype`` is slow for what it does
 _INEXACT: dict[Any, bool] = {}
+
+
+def is_bool(atom) -> bool:
+    """Whether ``atom`` (a variable or literal) holds booleans."""
+    return str(getattr(getattr(atom, "aval", None), "dtype", "")) == "bool"
 
 
 def is_inexact_aval(aval) -> bool:
@@ -130,10 +136,10 @@ class JaxprGraph:
         #: back out of the branch; unlike ``caller``, no fact (a constant, a
         #: bound) is read through it
         self.operand_source: tuple | None = None
-        #: a plain call body's results -> (the caller's graph, the call's
-        #: output holding that value), for walks that follow a value forward
-        #: out of the body (``jnp.divide``'s ``jit`` into the ``where`` after it)
-        self.result_targets: dict = {}
+        #: (the caller's graph, the call equation) of a plain call's body, for
+        #: walks that follow a value forward out of it (:meth:`result_target`)
+        self.call_site: tuple | None = None
+        self._result_targets: dict | None = None
         #: :func:`value_bounds.lower_bound`'s answers for this graph
         self.lower_bounds: dict = {}
         #: constants :meth:`known_constant` evaluated (None: not known)
@@ -288,6 +294,47 @@ class JaxprGraph:
         arg = args.get(atom)
         return None if arg is None else (graph, arg)
 
+    def result_target(self, var):
+        """(the caller's graph, the call's output) holding body result
+        ``var`` of a plain call (``jnp.divide``'s ``jit``, followed forward
+        into the ``where`` after it); None when ``var`` is not exactly one
+        result or this is no plain call's body.  Built on first use: only
+        the reports walk forward."""
+        if self.call_site is None:
+            return None
+        if self._result_targets is None:
+            graph, eqn = self.call_site
+            outs = self.jaxpr.outvars
+            counts = Counter(v for v in outs if not isinstance(v, Literal))
+            self._result_targets = {
+                inner: (graph, outer)
+                for inner, outer in zip(outs, eqn.outvars)
+                if not isinstance(inner, Literal)
+                and counts[inner] == 1
+                and not isinstance(outer, DropVar)
+            }
+        return self._result_targets.get(var)
+
+    def beneath(self, atom, copies=(), depth: int = 8, passed: list | None = None):
+        """(graph, equation) computing ``atom`` beneath the operations named
+        in ``copies`` (each followed through its first operand; none: its
+        producer), seen out of and into calls (:meth:`value_source`); None
+        at an input or a literal.
+        ``passed`` collects the copies walked through, outermost first."""
+        graph = self
+        for _ in range(depth):
+            graph, atom = graph.value_source(atom)
+            found = None if isinstance(atom, Literal) else graph.producer(atom)
+            if found is None:
+                return None
+            eqn = graph.eqns[found[0]]
+            if eqn.primitive.name not in copies:
+                return graph, eqn
+            if passed is not None:
+                passed.append(eqn)
+            atom = eqn.invars[0]
+        return None
+
     def call_body_graph(self, node: int) -> JaxprGraph:
         """The body of call ``node`` as this graph sees it (:func:`body_graph`),
         made once."""
@@ -337,11 +384,7 @@ def body_graph(graph: JaxprGraph, eqn, body, args=None) -> JaxprGraph:
         caller=(graph, dict(zip(body.invars, args))),
     )
     if plain and len(body.outvars) == len(eqn.outvars):
-        results = [v for v in body.outvars if not isinstance(v, Literal)]
-        for inner, outer in zip(body.outvars, eqn.outvars):
-            if not isinstance(inner, Literal) and results.count(inner) == 1:
-                if not isinstance(outer, DropVar):
-                    found.result_targets[inner] = (graph, outer)
+        found.call_site = (graph, eqn)
     return found
 
 

@@ -28,6 +28,10 @@ from __future__ import annotations
 import math
 import weakref
 
+import jax
+import jax.numpy as jnp
+
+from hlo_guard.jax_frontend.binding import bind_eqn
 from hlo_guard.jax_frontend.graph import DropVar, is_inexact_aval
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rules.calls import is_lanewise_call
@@ -135,11 +139,6 @@ def _small(avals) -> bool:
 
 
 def _finite_at(eqn, c: float) -> bool:
-    import jax
-    import jax.numpy as jnp
-
-    from hlo_guard.jax_frontend.binding import bind_eqn
-
     def call(*args):
         return bind_eqn(eqn, list(args))
 

@@ -136,8 +136,7 @@ def _constant_zero(graph, name, depth: int = 8) -> bool:
             return False
         op, inputs = found
         if op.type == "Const":
-            value = tf.get_static_value(op.outputs[0])
-            return value is not None and bool(np.all(np.asarray(value) == 0))
+            return _all(op, lambda v: v == 0)
         if op.type == "ZerosLike":
             return True
         if op.type == "Fill":
@@ -209,16 +208,8 @@ def _non_positive(graph, op, inputs) -> bool:
         and compared is not None
         and compared[0].type in ("GreaterEqual", "Greater")
         and compared[1][0] == other
-        and _zero_constant(graph, compared[1][1])
+        and _constant_zero(graph, compared[1][1])
     )
-
-
-def _zero_constant(graph, name) -> bool:
-    found = _beneath_identity(graph, name)
-    if found is None or found[0].type != "Const":
-        return False
-    value = tf.get_static_value(found[0].outputs[0])
-    return value is not None and bool(np.all(np.asarray(value) == 0))
 
 
 def _beneath_identity(graph, name, depth: int = 8):
@@ -233,10 +224,13 @@ def _beneath_identity(graph, name, depth: int = 8):
 
 def _positive_constant(graph, name) -> bool:
     found = _beneath_identity(graph, name)
-    if found is None or found[0].type != "Const":
-        return False
-    value = tf.get_static_value(found[0].outputs[0])
-    return value is not None and bool(np.all(np.asarray(value) > 0))
+    return found is not None and found[0].type == "Const" and _all(found[0], lambda v: v > 0)
+
+
+def _all(const_op, test) -> bool:
+    """Whether every element of ``Const`` op ``const_op`` passes ``test``."""
+    value = tf.get_static_value(const_op.outputs[0])
+    return value is not None and bool(np.all(test(np.asarray(value))))
 
 
 __all__ = ["WHERE_MADE_ZERO", "where_made_zero_factors"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 import passes.rules as passes_rules
-from hlo_guard.jax_frontend.graph import is_literal
+from hlo_guard.jax_frontend.graph import is_bool
 from hlo_guard.jax_frontend.mask_ops import broadcast_to, reduce_to_shape
 from hlo_guard.jax_frontend.rules.base import (
     JaxRule,
@@ -152,23 +152,15 @@ def _finite_derivative_above(graph, atom, name: str, scale: float = 1.0) -> bool
 _MASK_COPIES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
 
 
-def _mask(graph, atom, depth: int = 8) -> bool:
+def _mask(graph, atom) -> bool:
     """Whether ``atom`` is a boolean converted to a number (``m.astype(f32)``:
     every lane 0 or 1, no derivative of its own), seen through copies and
     calls.  A factor like that scales a cotangent or tangent finitely."""
-    for _ in range(depth):
-        graph, atom = graph.value_source(atom)
-        found = None if is_literal(atom) else graph.producer(atom)
-        if found is None:
-            return False
-        eqn = graph.eqns[found[0]]
-        name = eqn.primitive.name
-        if name == "convert_element_type":
-            return str(getattr(eqn.invars[0].aval, "dtype", "")) == "bool"
-        if name not in _MASK_COPIES:
-            return False
-        atom = eqn.invars[0]
-    return False
+    found = graph.beneath(atom, _MASK_COPIES)
+    if found is None:
+        return False
+    eqn = found[1]
+    return eqn.primitive.name == "convert_element_type" and is_bool(eqn.invars[0])
 
 
 def _finite_constant(graph, atom, nonzero: bool = False) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
-from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
+from hlo_guard.jax_frontend.graph import is_bool, is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.rules.shifted_exp import bounded_by_max_shift
 from hlo_guard.jax_frontend.value_bounds import lower_bound
 from passes.planning import UnguardedSite
@@ -274,7 +274,7 @@ def _zero_selects(graph, atom, depth: int, memo: dict) -> list[tuple]:
     node, j = found
     eqn = graph.eqns[node]
     name = eqn.primitive.name
-    if name == "convert_element_type" and _is_bool(eqn.invars[0]):
+    if name == "convert_element_type" and is_bool(eqn.invars[0]):
         # ``m.astype(float)``: a 0/1 mask (Keras's ``cast(mask) * loss``), the
         # where ``select_n(m, 0, 1)`` written as a conversion
         return [(graph, eqn, frozenset({0}))]
@@ -297,10 +297,6 @@ def _zero_selects(graph, atom, depth: int, memo: dict) -> list[tuple]:
         k for k, case in enumerate(cases) if known[k] or _zero_coefficient(graph, case, depth, memo)
     )
     return [(graph, eqn, zero)] if zero and not all(known) else []
-
-
-def _is_bool(atom) -> bool:
-    return str(getattr(getattr(atom, "aval", None), "dtype", "")) == "bool"
 
 
 def _zero_coefficient(graph, case, depth: int, memo: dict) -> bool:
@@ -421,7 +417,7 @@ def _quotient_selected_where_divisor_nonzero(analysis, div) -> bool:
     if found is None:
         return False
     sgraph, select, case = found
-    if len(select.invars) != 3 or str(getattr(select.invars[0].aval, "dtype", "")) != "bool":
+    if len(select.invars) != 3 or not is_bool(select.invars[0]):
         return False
     cmp_graph, cmp, pred_copies = _through_copies(sgraph, select.invars[0])
     if cmp is None or cmp.primitive.name not in _COMPARISONS:
@@ -436,7 +432,6 @@ def _quotient_selected_where_divisor_nonzero(analysis, div) -> bool:
         # ``div`` broadcasts a size-1 axis itself: as ``broadcast_in_dim``
         implicit = (("broadcast_in_dim", shape, tuple(range(len(shape))), ()),)
     chain = _divisor_chain(analysis.graph, den, implicit)
-    a, b = cmp.invars
 
     def is_divisor(x) -> bool:
         # the compared value may itself be a zero-preserving function of the
@@ -452,25 +447,47 @@ def _quotient_selected_where_divisor_nonzero(analysis, div) -> bool:
         val = cmp_graph.known_constant(x)
         return val is not None and bool(np.all(test(np.asarray(val))))
 
-    nonneg, positive, zero = (lambda c: c >= 0), (lambda c: c > 0), (lambda c: c == 0)
-    name = cmp.primitive.name
-    if case == 2:  # taken where the predicate holds
-        return (
-            (name == "gt" and is_divisor(a) and constant(b, nonneg))
-            or (name == "lt" and is_divisor(b) and constant(a, nonneg))
-            or (name == "ge" and is_divisor(a) and constant(b, positive))
-            or (name == "le" and is_divisor(b) and constant(a, positive))
-            or (name == "ne" and is_divisor(a) and constant(b, zero))
-            or (name == "ne" and is_divisor(b) and constant(a, zero))
-        )
-    return (  # case 1: taken where it does not
-        (name == "le" and is_divisor(a) and constant(b, nonneg))
-        or (name == "ge" and is_divisor(b) and constant(a, nonneg))
-        or (name == "lt" and is_divisor(a) and constant(b, positive))
-        or (name == "gt" and is_divisor(b) and constant(a, positive))
-        or (name == "eq" and is_divisor(a) and constant(b, zero))
-        or (name == "eq" and is_divisor(b) and constant(a, zero))
+    return any(
+        cmp.primitive.name == name
+        and is_divisor(cmp.invars[side])
+        and constant(cmp.invars[1 - side], test)
+        for name, side, test in _DIVISOR_NONZERO_WHEN[case == 2]
     )
+
+
+def _nonneg(c):
+    return c >= 0
+
+
+def _positive(c):
+    return c > 0
+
+
+def _zero(c):
+    return c == 0
+
+
+#: per "taken where the predicate holds" (else: where it does not), the
+#: comparisons that then make operand ``side`` nonzero, given a test of the
+#: constant on the other side: ``d > c >= 0``, ``d != 0``; ``not (d <= c)``
+_DIVISOR_NONZERO_WHEN = {
+    True: (
+        ("gt", 0, _nonneg),
+        ("lt", 1, _nonneg),
+        ("ge", 0, _positive),
+        ("le", 1, _positive),
+        ("ne", 0, _zero),
+        ("ne", 1, _zero),
+    ),
+    False: (
+        ("le", 0, _nonneg),
+        ("ge", 1, _nonneg),
+        ("lt", 0, _positive),
+        ("gt", 1, _positive),
+        ("eq", 0, _zero),
+        ("eq", 1, _zero),
+    ),
+}
 
 
 #: lane-wise operations under which a value is nonzero exactly where its
@@ -502,21 +519,15 @@ def _divisor_chain(graph, atom, copies: tuple = (), depth: int = 8) -> list:
     return chain
 
 
-def _through_copies(graph, atom, depth: int = 8):
-    """(graph, the equation that computes ``atom`` beneath lane copies,
-    the copies) -- the comparison a ``where``'s broadcast predicate is."""
-    copies: tuple = ()
-    for _ in range(depth):
-        graph, atom = graph.value_source(atom)
-        found = None if is_literal(atom) else graph.producer(atom)
-        if found is None:
-            return graph, None, copies
-        eqn = graph.eqns[found[0]]
-        if eqn.primitive.name not in _LANE_COPIES:
-            return graph, eqn, copies
-        copies = (_copy_key(eqn), *copies)
-        atom = eqn.invars[0]
-    return graph, None, copies
+def _through_copies(graph, atom):
+    """(graph, the equation that computes ``atom`` beneath lane copies, the
+    copies' keys innermost first) -- the comparison a ``where``'s broadcast
+    predicate is; (graph, None, ()) when there is none."""
+    passed: list = []
+    found = graph.beneath(atom, _LANE_COPIES, passed=passed)
+    if found is None:
+        return graph, None, ()
+    return found[0], found[1], tuple(_copy_key(e) for e in reversed(passed))
 
 
 def _copy_key(eqn):
@@ -539,7 +550,7 @@ def _sole_select_reader(graph, var, depth: int = 8):
         ]
         results = sum(1 for o in graph.jaxpr.outvars if o is var)
         if results:
-            target = graph.result_targets.get(var)
+            target = graph.result_target(var)
             if readers or results != 1 or target is None:
                 return None
             graph, var = target
@@ -615,21 +626,11 @@ def _nonzero(graph, atom, depth: int = 8) -> bool:
     return name == "select_n" and all(_nonzero(graph, c, depth - 1) for c in eqn.invars[1:])
 
 
-def _selection(graph, atom, depth: int = 8):
+def _selection(graph, atom):
     """(graph, the ``select_n`` equation) ``atom`` is, seen through calls
     and the copies that keep a lane nonzero; else None."""
-    for _ in range(depth):
-        graph, atom = graph.value_source(atom)
-        found = None if is_literal(atom) else graph.producer(atom)
-        if found is None:
-            return None
-        eqn = graph.eqns[found[0]]
-        if eqn.primitive.name == "select_n":
-            return graph, eqn
-        if eqn.primitive.name not in _NONZERO_COPIES:
-            return None
-        atom = eqn.invars[0]
-    return None
+    found = graph.beneath(atom, _NONZERO_COPIES)
+    return found if found is not None and found[1].primitive.name == "select_n" else None
 
 
 def same_predicate(ga, a, gb, b) -> bool:

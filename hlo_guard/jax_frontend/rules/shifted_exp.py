@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from hlo_guard.jax_frontend.graph import is_literal
-
 #: what lies between ``reduce_max`` and the ``sub`` that shifts by it
 _SHIFT_COPIES = frozenset({"broadcast_in_dim", "reshape", "stop_gradient", "squeeze"})
 #: what lies between ``reduce_sum`` and the ``log`` of it
@@ -36,13 +34,13 @@ def bounded_by_max_shift(graph, eqn) -> bool:
         return _max_shift_axes(graph, eqn) is not None
     if name != "log":
         return False
-    found = _through(graph, eqn.invars[0], _SUM_COPIES)
+    found = graph.beneath(eqn.invars[0], _SUM_COPIES)
     if found is None:
         return False
     g, total = found
     if total.primitive.name != "reduce_sum":
         return False
-    inner = _producer(g, total.invars[0])
+    inner = g.beneath(total.invars[0])
     if inner is None or inner[1].primitive.name != "exp":
         return False
     axes = _max_shift_axes(*inner)
@@ -52,7 +50,7 @@ def bounded_by_max_shift(graph, eqn) -> bool:
 def _max_shift_axes(graph, exp_eqn):
     """The axes of the maximum ``exp_eqn``'s operand is shifted by
     (``exp(a - max(a, axes))``), or None."""
-    found = _producer(graph, exp_eqn.invars[0])
+    found = graph.beneath(exp_eqn.invars[0])
     if found is None or found[1].primitive.name != "sub":
         return None
     g, sub = found
@@ -70,7 +68,7 @@ def _maximum_behind(graph, atom):
     """(graph, the ``reduce_max`` equation) behind ``atom``, seen through
     copies, ``max(-inf, m)`` and ``select_n(is_finite(m), 0, m)``."""
     for _ in range(_DEPTH):
-        found = _producer(graph, atom)
+        found = graph.beneath(atom)
         if found is None:
             return None
         graph, eqn = found
@@ -86,28 +84,6 @@ def _maximum_behind(graph, atom):
         else:
             return None
     return None
-
-
-def _through(graph, atom, copies):
-    """(graph, the first equation behind ``atom`` that is not in ``copies``)."""
-    for _ in range(_DEPTH):
-        found = _producer(graph, atom)
-        if found is None:
-            return None
-        graph, eqn = found
-        if eqn.primitive.name not in copies:
-            return graph, eqn
-        atom = eqn.invars[0]
-    return None
-
-
-def _producer(graph, atom):
-    """(graph, equation) computing ``atom``, seen out of and into calls."""
-    graph, atom = graph.value_source(atom)
-    if is_literal(atom):
-        return None
-    found = graph.producer(atom)
-    return None if found is None else (graph, graph.eqns[found[0]])
 
 
 def _is_minus_inf(graph, atom) -> bool:
@@ -127,7 +103,7 @@ def _constant(graph, atom):
         val = graph.known_constant(atom)
         if val is not None:
             return val
-        found = _producer(graph, atom)
+        found = graph.beneath(atom)
         if found is None:
             return None
         graph, eqn = found
