@@ -295,3 +295,153 @@ def test_a_selection_s_coefficient_times_a_bounded_cotangent_is_not_reported(f):
         g = hlo_guard.guard(T(f))
         assert np.isfinite(np.asarray(g(_X))).all()
         assert not _where_made(explain(g, _X))
+
+
+_R = jnp.array([0.5, 1.0, 1.8, 2.5, 3.0], jnp.float32)
+_XR = jnp.array([1.0, -2.0, 0.5, 3.0, 1.5], jnp.float32)
+
+
+def _smooth(r):
+    """jax_md's ``multiplicative_isotropic_cutoff`` switch: 1 below the
+    onset, a polynomial to the cutoff, a where-made 0 beyond it."""
+    inner = jnp.where(r < 2.0, (4.0 - r**2) ** 2 * (4.0 + 2 * r**2 - 3 * 1.5**2) / 1.75**3, 0.0)
+    return jnp.where(r < 1.5, 1.0, inner)
+
+
+def _smooth_lanes(r):
+    """The switch per lane, in Python."""
+    out = []
+    for ri in np.asarray(r, np.float64):
+        if ri < 1.5:
+            out.append(1.0)
+        elif ri < 2.0:
+            out.append((4.0 - ri**2) ** 2 * (4.0 + 2 * ri**2 - 3 * 1.5**2) / 1.75**3)
+        else:
+            out.append(0.0)
+    return np.array(out)
+
+
+def test_a_cutoff_times_a_quotient_by_the_cut_distance_is_not_reported():
+    """jax_md's ``lennard_jones_pair(..., r_onset, r_cutoff)`` differentiated
+    in ``sigma``: the switch is zero only where ``dr >= r_cutoff > 0``, where
+    ``sigma / dr`` is finite.  It was reported as ``0 * inf`` (a hunt,
+    2026-11-28).  The derivative equals the per-lane one."""
+
+    def energy(sigma):
+        idr6 = (sigma / _R) ** 6
+        return jnp.sum(_smooth(_R) * 4.0 * (idr6 * idr6 - idr6))
+
+    assert not _where_made(explain(energy, jnp.float32(1.0)))
+    r = np.asarray(_R, np.float64)
+    per_lane = _smooth_lanes(_R) * 4.0 * (12.0 / r**12 - 6.0 / r**6)
+    got = jax.grad(hlo_guard.guard(energy))(jnp.float32(1.0))
+    np.testing.assert_allclose(float(got), per_lane.sum(), rtol=1e-5)
+
+
+def test_a_mask_times_a_where_taken_sqrt_is_not_reported():
+    """``m * where(x > 0, sqrt(x), 0)``: the ``sqrt`` is taken only where
+    ``x > 0``, so its derivative is finite in every lane the mask zeroes."""
+    m = jnp.array([True, False, True, False, True])
+    x = jnp.array([4.0, 0.0, -1.0, 0.0, 0.25])
+
+    def f(x):
+        return jnp.sum(m.astype(jnp.float32) * jnp.where(x > 0, jnp.sqrt(x), 0.0))
+
+    assert not _where_made(explain(f, x))
+    per_lane = [0.5 / np.sqrt(xi) if (mi and xi > 0) else 0.0 for mi, xi in zip(m, x)]
+    np.testing.assert_array_equal(jax.grad(hlo_guard.guard(f))(x), np.float32(per_lane))
+
+
+_DEGREES = jnp.array([1.0, 2.0, 0.5, 0.0], jnp.float32)
+_EDGE_MASK = jnp.array([True, True, True, False, False])
+
+
+def _gcn_norm(d):
+    return jnp.where(d > 0, d**-0.5, 0.0)
+
+
+def _gcn_norm_double_where(d):
+    return jnp.where(d > 0, jnp.where(d > 0, d, 1.0) ** -0.5, 0.0)
+
+
+def _attention(z):
+    return jnp.where(_EDGE_MASK, jax.nn.softmax(jnp.where(_EDGE_MASK, z, -jnp.inf)), 0.0)
+
+
+def _entropy(a, log_of):
+    return -jnp.sum(jnp.where(a > 0, a * log_of(a), 0.0))
+
+
+#: name -> (f, its double where, x): found by a user-style hunt (2026-11-28,
+#: graph networks with padded nodes): reported, though exact
+_WHERE_KEEPS_FINITE = {
+    "gcn norm * gcn norm": (
+        lambda d: jnp.sum(_gcn_norm(d) * _gcn_norm(d) * jnp.array([1.0, 1.0, 1.0, 0.0])),
+        lambda d: jnp.sum(
+            _gcn_norm_double_where(d) * _gcn_norm_double_where(d) * jnp.array([1.0, 1.0, 1.0, 0.0])
+        ),
+        _DEGREES,
+    ),
+    "entropy of padded attention": (
+        lambda z: _entropy(_attention(z), jnp.log),
+        lambda z: _entropy(_attention(z), lambda a: jnp.log(jnp.where(a > 0, a, 1.0))),
+        jnp.array([0.3, -200.0, 2.0, 0.5, 0.1]),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_WHERE_KEEPS_FINITE))
+def test_a_where_keeping_the_singular_factor_finite_is_not_reported(name):
+    """``where(d > 0, d ** -0.5, 0)`` squared: each factor's zero lanes are
+    where ``d <= 0``, and the other's ``pow`` is taken only where ``d > 0``.
+    ``where(a > 0, a * log(a), 0)`` never takes the lanes where ``a`` is
+    zero.  Gradients equal the double where's."""
+    f, double_where, x = _WHERE_KEEPS_FINITE[name]
+    assert not _where_made(explain(f, x)), name
+    for T in (jax.grad, jax.jacfwd):
+        np.testing.assert_allclose(T(hlo_guard.guard(f))(x), T(double_where)(x), rtol=1e-6)
+
+
+_ZERO_R = jnp.array([0.0, 1.0, 2.5], jnp.float32)
+_SQUARE_R = jnp.array([[1.0, 0.0], [3.0, 1.0]], jnp.float32)
+
+#: name -> (f, x): the zeroed lanes do meet an infinite derivative
+_ZEROED_LANES_MEET_INF = {
+    # the divisor is not the compared value
+    "divisor is another value": (
+        lambda x: jnp.sum(jnp.where(_R < 2.0, 1.0 - _R, 0.0) * (x / (_R - 3.0))),
+        _XR,
+    ),
+    # zero where r <= 2, and r is 0 there
+    "zero where the divisor can be 0": (
+        lambda x: jnp.sum(jnp.where(_ZERO_R > 2.0, _ZERO_R, 0.0) * (x / _ZERO_R)),
+        jnp.ones(3),
+    ),
+    # the quotient is transposed: the zeroed lane [1, 0] meets 1 / r[0, 1] = 1 / 0
+    "lanes transposed between": (
+        lambda x: jnp.sum(jnp.where(_SQUARE_R < 2.0, 1.0, 0.0) * (x / _SQUARE_R.T)),
+        jnp.ones((2, 2)),
+    ),
+    # nor does it make x ** 0.5 finite to differentiate
+    "mask times where(x >= 0, x ** 0.5)": (
+        lambda x: jnp.sum(
+            jnp.array([True, False]).astype(jnp.float32) * jnp.where(x >= 0, x**0.5, 0.0)
+        ),
+        jnp.array([1.0, 0.0]),
+    ),
+    # x >= 0 does not make x nonzero
+    "mask times where(x >= 0, sqrt)": (
+        lambda x: jnp.sum(
+            jnp.array([1.0, 0.0]) * (jnp.array([True, False]).astype(jnp.float32))
+            + jnp.array([True, False]).astype(jnp.float32) * jnp.where(x >= 0, jnp.sqrt(x), 0.0)
+        ),
+        jnp.array([1.0, 0.0]),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ZEROED_LANES_MEET_INF))
+def test_a_zero_meeting_an_infinite_derivative_is_still_reported(name):
+    f, x = _ZEROED_LANES_MEET_INF[name]
+    assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(f))(x))).any(), name
+    assert "mul" in [u.op for u in _where_made(explain(f, x))], name

@@ -36,7 +36,7 @@ from hlo_guard.jax_frontend.graph import JaxprGraph, Literal, OriginToken, is_in
 from hlo_guard.jax_frontend.plan import plan_of
 from hlo_guard.jax_frontend.rule_table import RULES
 from hlo_guard.jax_frontend.rules.custom_rule_hazards import custom_rule_hazards
-from hlo_guard.jax_frontend.rules.hazards import (
+from hlo_guard.jax_frontend.rules.where_made_zeros import (
     where_made_zero_factors,
     where_made_zero_quotients,
 )

@@ -8,10 +8,13 @@ the norm is the zero's *value*, so nothing is guarded there, and under XLA
 ``0 * sqrt'(0)`` is NaN (TF eager special-cases a zero upstream gradient and
 gives 0).  The contract keeps the NaN (a numeric zero is not a structural
 one), and the report must say where it comes from: each ``Mul`` whose factor
-is such a zero (:func:`_where_made_zero`: a ``Cast`` of a boolean, a select
+is such a zero (:func:`_zero_sources`: a ``Cast`` of a boolean, a select
 with a constant-zero case, seen through copies and products) and whose other
 factor has an operation with an unbounded derivative behind it
-(:func:`_singular_before`) is an unguarded site.  The fix the reason names is
+(:func:`_singular_before`) is an unguarded site -- unless the predicates
+keep that operation away from its singular point in every lane the zero
+zeroes (:func:`_finite_where_zeroed`: a cutoff ``tf.where(r < r_c, poly, 0)``
+times ``s / r``).  The fix the reason names is
 the one that works: select instead of multiplying (``tf.where(mask, loss,
 0)``), or make the singular operation's input safe where the mask is 0.
 
@@ -25,6 +28,14 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from hlo_guard.tf.predicate_facts import (
+    beneath_identity,
+    constant_value,
+    predicate_facts,
+    producer_op,
+    static_shape,
+    zero_preserving_chain,
+)
 from passes.planning import UnguardedSite
 
 WHERE_MADE_ZERO = (
@@ -86,52 +97,218 @@ def where_made_zero_factors(graph, analysis) -> list[UnguardedSite]:
         for zero, other in ((a, b), (b, a)):
             if other == zero or not graph.carries_derivative(other):
                 continue
-            if _where_made_zero(graph, zero) and _singular_before(graph, other):
+            sources = _zero_sources(graph, zero)
+            if (
+                sources
+                and _singular_before(graph, other)
+                and not _finite_where_zeroed(graph, out, sources, zero, other)
+            ):
                 found.append(UnguardedSite(node, WHERE_MADE_ZERO, liveness))
                 break
     return found
 
 
-def _producer_op(graph, name):
-    """(the op computing tensor ``name``, its recorded input names), or None."""
-    found = graph.producer(name)
-    if found is None:
-        return None
-    return graph.ops[found[0]], graph.node_inputs(found[0])
+#: singular operations whose derivative is finite where one input is nonzero
+#: -- or positive: ``(input index, positive needed)``
+_SINGULAR_AT_ZERO = {
+    "RealDiv": (1, False),
+    "Div": (1, False),
+    "DivNoNan": (1, False),
+    "Reciprocal": (0, False),
+    "Inv": (0, False),
+    "Sqrt": (0, True),
+    "Rsqrt": (0, True),
+    "Log": (0, True),
+}
+#: operations that map each lane of their inputs of the output's shape to the
+#: same lane of the output (an input of another shape is broadcast)
+_LANE_WISE = frozenset(
+    {
+        "Identity",
+        "Cast",
+        "Neg",
+        "Abs",
+        "Square",
+        "Mul",
+        "Add",
+        "AddV2",
+        "Sub",
+        "RealDiv",
+        "Div",
+        "DivNoNan",
+        "Reciprocal",
+        "Inv",
+        "Sqrt",
+        "Rsqrt",
+        "Log",
+        "Log1p",
+        "Exp",
+        "Expm1",
+        "Pow",
+        "Tanh",
+        "Sigmoid",
+        "Sin",
+        "Cos",
+        "Maximum",
+        "Minimum",
+        "Select",
+        "SelectV2",
+    }
+)
+_SELECTS = ("Select", "SelectV2")
 
 
-def _where_made_zero(graph, name, depth: int = 16) -> bool:
-    """Whether tensor ``name`` is zero by value in some lanes a mask picks:
-    a ``Cast`` of a boolean, a ``Select``/``SelectV2`` one of whose cases is
-    a constant zero and not every case, seen through copies, float casts and
-    products (a zero times anything finite is a zero)."""
-    for _ in range(depth):
-        found = _producer_op(graph, name)
+def _finite_where_zeroed(graph, out, sources, zero, other) -> bool:
+    """Whether factor ``other`` of the ``Mul`` computing ``out`` has a finite
+    derivative in every lane its where-made zero zeroes, by what the
+    predicates say: ``tf.where(r < r_c, poly(r), 0) * (s / r)`` is zero only
+    where ``r >= r_c > 0``; ``cast(m) * tf.where(x > 0, tf.sqrt(x), 0)``
+    takes the ``Sqrt`` only where ``x > 0`` (the JAX front end's
+    ``where_made_zeros._finite_where_zeroed``; both were reported).
+
+    Walks the tensors behind ``other`` that carry a derivative, collecting
+    what the ``Select``s on the way say about their lanes; each singular op
+    met must be finite where one input is nonzero (:data:`_SINGULAR_AT_ZERO`,
+    a ``Pow`` by a constant) with that input known nonzero there.  Lanes
+    must line up: every op walked, the zeroing selection and the compared
+    values have the product's shape, fully known; behind an op that moves
+    lanes (a reduction, a transpose, a broadcast input) nothing singular may
+    lie at all."""
+    shape = static_shape(graph.tensors[out])
+    if shape is None:
+        return False
+    # the product's one reader may take it only where its predicate says
+    # something (``tf.where(a > 0, a * tf.math.log(a), 0)``)
+    taken = _taken_where(graph, out, shape)
+    if _implied(graph, zero, taken, positive=False):
+        return True  # the lanes where the zero factor is zero are never taken
+    zero_facts = [
+        taken
+        + (
+            predicate_facts(graph, inputs[0], holds, shape)
+            if static_shape(op.outputs[0]) == shape
+            else ()
+        )
+        for op, inputs, holds in sources
+    ]
+    stack: list = [(other, ())]
+    seen: set = set()
+    while stack and len(seen) < _MAX_STEPS:
+        name, facts = stack.pop()
+        if (name, facts) in seen or not graph.carries_derivative(name):
+            continue
+        seen.add((name, facts))
+        found = producer_op(graph, name)
         if found is None:
+            continue
+        op, inputs = found
+        if op.type not in _LANE_WISE or static_shape(graph.tensors[name]) != shape:
+            if _singular_before(graph, name):
+                return False
+            continue
+        if op.type in SINGULAR and not _bounded(graph, op, inputs):
+            if not all(_input_nonzero(graph, op, inputs, (*known, *facts)) for known in zero_facts):
+                return False
+        for k, t in enumerate(inputs):
+            if (op.type in _SELECTS and k == 0) or not graph.carries_derivative(t):
+                continue
+            if static_shape(graph.tensors[t]) != shape:
+                if _singular_before(graph, t):  # broadcast: its gradient sums lanes
+                    return False
+                continue
+            if op.type in _SELECTS:
+                stack.append((t, facts + predicate_facts(graph, inputs[0], k == 1, shape)))
+            else:
+                stack.append((t, facts))
+    return not stack
+
+
+def _input_nonzero(graph, op, inputs, facts) -> bool:
+    """Whether ``facts`` keep singular ``op`` away from its singular point."""
+    need: tuple[int, bool] | None
+    if op.type == "Pow":
+        exponent = constant_value(graph, inputs[1])
+        if exponent is None:
             return False
+        if np.all(exponent >= 1):  # ``x ** 6``: a polynomial
+            return True
+        need = (0, not np.all(exponent == np.round(exponent)))
+    else:
+        need = _SINGULAR_AT_ZERO.get(op.type)
+    if need is None:
+        return False
+    index, positive = need
+    if static_shape(graph.tensors[inputs[index]]) is None:
+        return False
+    return _implied(graph, inputs[index], facts, positive)
+
+
+def _implied(graph, name, facts, positive: bool) -> bool:
+    """Whether ``facts`` make tensor ``name`` nonzero (``positive``: positive)."""
+    for t, same in zero_preserving_chain(graph, name):
+        if positive and not same:
+            break
+        if any(f == t and (p or not positive) for f, p in facts):
+            return True
+    return False
+
+
+def _taken_where(graph, name, shape) -> tuple:
+    """What the predicate of tensor ``name``'s one reader, a select of the
+    same ``shape`` taking it as a case, says about the lanes it takes it in."""
+    if name in graph.graph_outputs():
+        return ()
+    readers = [
+        (node, k)
+        for node in range(graph.node_count())
+        for k, t in enumerate(graph.node_inputs(node))
+        if t == name
+    ]
+    if len(readers) != 1:
+        return ()
+    node, k = readers[0]
+    op = graph.ops[node]
+    if op.type not in _SELECTS or k == 0 or static_shape(op.outputs[0]) != shape:
+        return ()
+    return predicate_facts(graph, graph.node_inputs(node)[0], k == 1, shape)
+
+
+def _zero_sources(graph, name, depth: int = 16) -> list[tuple]:
+    """The selections that make tensor ``name`` zero by value in some lanes
+    a mask picks, each as ``(op, its recorded inputs, the predicate's value
+    in the lanes it zeroes)``: a ``Cast`` of a boolean (zero where it is
+    false), a ``Select``/``SelectV2`` one of whose cases is a constant zero
+    and not every case, seen through copies, float casts and products (a
+    zero times anything finite is a zero).  Empty: not a where-made zero."""
+    for _ in range(depth):
+        found = producer_op(graph, name)
+        if found is None:
+            return []
         op, inputs = found
         kind = op.type
         if kind == "Cast":
             if graph.tensors[inputs[0]].dtype == tf.bool:
-                return True
+                return [(op, inputs, False)]
             name = inputs[0]
         elif kind in _COPIES:
             name = inputs[0]
         elif kind == "Mul":
-            return any(_where_made_zero(graph, t, depth - 1) for t in inputs)
+            return [s for t in inputs for s in _zero_sources(graph, t, depth - 1)]
         elif kind in ("Select", "SelectV2"):
             zeros = [_constant_zero(graph, t) for t in inputs[1:]]
-            return any(zeros) and not all(zeros)
+            if not any(zeros) or all(zeros):
+                return []
+            return [(op, inputs, zeros[0])]  # the first case is taken where true
         else:
-            return False
-    return False
+            return []
+    return []
 
 
 def _constant_zero(graph, name, depth: int = 8) -> bool:
     """Whether tensor ``name`` is a constant zero in every lane (a
     ``Const``, a ``ZerosLike``, a ``Fill`` of 0, through copies and casts)."""
     for _ in range(depth):
-        found = _producer_op(graph, name)
+        found = producer_op(graph, name)
         if found is None:
             return False
         op, inputs = found
@@ -157,7 +334,7 @@ def _singular_before(graph, name) -> bool:
         if name in seen or not graph.carries_derivative(name):
             continue
         seen.add(name)
-        found = _producer_op(graph, name)
+        found = producer_op(graph, name)
         if found is None:
             continue
         op, inputs = found
@@ -174,7 +351,7 @@ def _bounded(graph, op, inputs) -> bool:
     binary cross-entropy); ``log``/``sqrt``/``rsqrt`` of, or a division by,
     a value clipped or maxed to a positive constant (``log(clip(p, eps,
     1 - eps))``) is finite with a finite derivative."""
-    source = _beneath_identity(graph, inputs[0] if op.type != "RealDiv" else inputs[1])
+    source = beneath_identity(graph, inputs[0] if op.type != "RealDiv" else inputs[1])
     if source is None:
         return False
     inner, inner_inputs = source
@@ -194,13 +371,13 @@ def _non_positive(graph, op, inputs) -> bool:
     """``-|x|``, written as ``Neg(Abs(x))`` or as TF's logistic loss writes
     it, ``where(x >= 0, -x, x)``."""
     if op.type == "Neg":
-        below = _beneath_identity(graph, inputs[0])
+        below = beneath_identity(graph, inputs[0])
         return below is not None and below[0].type == "Abs"
     if op.type not in ("Select", "SelectV2"):
         return False
     cond, taken, other = inputs
-    negated = _beneath_identity(graph, taken)
-    compared = _beneath_identity(graph, cond)
+    negated = beneath_identity(graph, taken)
+    compared = beneath_identity(graph, cond)
     return (
         negated is not None
         and negated[0].type == "Neg"
@@ -212,18 +389,8 @@ def _non_positive(graph, op, inputs) -> bool:
     )
 
 
-def _beneath_identity(graph, name, depth: int = 8):
-    """(op, its recorded inputs) computing ``name``, seen through ``Identity``."""
-    for _ in range(depth):
-        found = _producer_op(graph, name)
-        if found is None or found[0].type != "Identity":
-            return found
-        name = found[1][0]
-    return None
-
-
 def _positive_constant(graph, name) -> bool:
-    found = _beneath_identity(graph, name)
+    found = beneath_identity(graph, name)
     return found is not None and found[0].type == "Const" and _all(found[0], lambda v: v > 0)
 
 

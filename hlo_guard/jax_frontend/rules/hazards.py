@@ -9,10 +9,10 @@ they do not guard.
 * :func:`selected_zero`: whether a value is a ``where`` that picks a constant
   zero in some lanes (``jnp.where(c, 1.0, 0.0)``, JAX's own backward pass
   ``select_n(c, 0, ct)``) -- a zero by *value*, which a ``mul`` then turns
-  into ``0 * inf`` when its other factor's derivative is infinite;
-* :func:`where_made_zero_factors`, :func:`where_made_zero_quotients`: the
-  reports' ``0 * inf`` and ``0 / 0`` of such a zero (JAX's own backward pass
-  inside ``guard(jax.grad(f))`` makes both).
+  into ``0 * inf`` when its other factor's derivative is infinite.
+
+The reports' ``0 * inf`` and ``0 / 0`` of such a zero are in
+:mod:`where_made_zeros`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import numpy as np
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS, body_is_risky
 from hlo_guard.jax_frontend.graph import is_bool, is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.rules.shifted_exp import bounded_by_max_shift
-from hlo_guard.jax_frontend.value_bounds import lower_bound
-from passes.planning import UnguardedSite
+from passes.comparisons import COMPARISONS
 
 #: operations that hand a value's lanes on unchanged (for :func:`selected_zero`)
 _PASS_THROUGH = frozenset({"convert_element_type", "broadcast_in_dim", "reshape", "squeeze"})
@@ -57,7 +56,7 @@ def _lies_behind(graph, operand, found_in, precise: bool = False) -> bool:
     body from that output, not taken as computed from every input by every
     equation of the body (an eager trace's ``jnp.maximum`` also returns its
     JVP's ``div``, which is not behind the maximum itself); and a value
-    whose derivative is structurally zero (:func:`_no_derivative`: that
+    whose derivative is structurally zero (:func:`no_derivative`: that
     ``div`` of two selections between constants) is not walked."""
     stack, seen = [(graph, operand)], set()
     settled: dict = {}
@@ -65,12 +64,12 @@ def _lies_behind(graph, operand, found_in, precise: bool = False) -> bool:
         g, v = stack.pop()
         if is_literal(v) or (id(g), v) in seen or not g.carries_derivative(v):
             continue
-        if precise and _no_derivative(g, v, settled):
+        if precise and no_derivative(g, v, settled):
             continue
         seen.add((id(g), v))
         producer = g.producer(v)
         if producer is None:
-            outer = g.caller_argument(v) or _operand_source(g, v)
+            outer = g.caller_argument(v) or operand_source(g, v)
             if outer is not None:
                 stack.append(outer)
             elif g.scope:  # a body's input from a caller not linked
@@ -88,7 +87,7 @@ def _lies_behind(graph, operand, found_in, precise: bool = False) -> bool:
 
 
 #: lane-wise operations whose output has a derivative only through their
-#: floating inputs' (for :func:`_no_derivative`)
+#: floating inputs' (for :func:`no_derivative`)
 _LANE_WISE = frozenset(
     {
         "neg",
@@ -104,7 +103,7 @@ _LANE_WISE = frozenset(
 )
 
 
-def _no_derivative(graph, v, memo: dict, depth: int = 16) -> bool:
+def no_derivative(graph, v, memo: dict, depth: int = 16) -> bool:
     """Whether ``v``'s derivative is structurally zero: computed from
     constants by selections (whose predicate carries no derivative) and
     lane-wise arithmetic -- JAX's JVP coefficients, ``select_n(c, 0, 1) /
@@ -125,19 +124,19 @@ def _settled_by(graph, v, memo: dict, depth: int) -> bool:
     found = graph.producer(v)
     if found is None:
         outer = graph.caller_argument(v)
-        return outer is not None and _no_derivative(outer[0], outer[1], memo, depth - 1)
+        return outer is not None and no_derivative(outer[0], outer[1], memo, depth - 1)
     eqn = graph.eqns[found[0]]
     name = eqn.primitive.name
     if name in REWRITTEN_CALLS:
         body = graph.call_body_graph(found[0])
-        return _no_derivative(body, body.jaxpr.outvars[found[1]], memo, depth - 1)
+        return no_derivative(body, body.jaxpr.outvars[found[1]], memo, depth - 1)
     operands = eqn.invars[1:] if name == "select_n" else eqn.invars
     if name != "select_n" and name not in _LANE_WISE:
         return False
-    return all(_no_derivative(graph, a, memo, depth - 1) for a in operands)
+    return all(no_derivative(graph, a, memo, depth - 1) for a in operands)
 
 
-def _operand_source(graph, v):
+def operand_source(graph, v):
     """(the caller's graph, the operand) a ``cond`` branch's input ``v`` is
     bound to, when the branch was made with that link; else None."""
     source = getattr(graph, "operand_source", None)
@@ -195,10 +194,10 @@ def singular_before(graph, operand) -> bool:
     ``integer_pow`` with a negative exponent) lies behind ``operand``, or in
     the body of a call behind it (:func:`_lies_behind`; a ``jnp`` wrapper's
     body only behind the output read)."""
-    return _lies_behind(graph, operand, _singular_here, precise=True)
+    return _lies_behind(graph, operand, singular_here, precise=True)
 
 
-def _singular_here(graph, eqn) -> bool:
+def singular_here(graph, eqn) -> bool:
     """:func:`_singular`, except a softmax's max-shifted ``exp`` and the
     ``log`` of its sum, whose derivatives are at most 1
     (:mod:`shifted_exp`): a one-hot cross-entropy is not ``0 * inf``."""
@@ -306,7 +305,7 @@ def _zero_coefficient(graph, case, depth: int, memo: dict) -> bool:
     (``where(r < r_on, 1, where(r < r_c, poly(r), 0))``, a smooth cutoff):
     lanes where that is zero are a user's function, not an AD coefficient,
     and a ``mul`` of it is asked as the ``where`` itself would be."""
-    return _no_derivative(graph, case, {}) and bool(zero_selects(graph, case, depth - 1, memo))
+    return no_derivative(graph, case, {}) and bool(zero_selects(graph, case, depth - 1, memo))
 
 
 def _known_zero(graph, atom, depth: int) -> bool:
@@ -328,311 +327,6 @@ def _known_zero(graph, atom, depth: int) -> bool:
     return False
 
 
-def where_made_zero_factors(analysis) -> list[UnguardedSite]:
-    """``where(c, 1.0, 0.0) * sqrt(x)``, or JAX's own backward pass
-    ``select_n(c, 0, ct) * 1.5 * x ** 0.5`` inside a loss that calls
-    ``jax.grad``: a factor a ``where`` makes zero by *value* multiplies one
-    whose derivative may be infinite, and ``0 * inf`` is NaN in the lanes the
-    ``where`` zeroed.  Those lanes are not structurally dead (the cotangent
-    reaching the other factor is the zero's value), so nothing is guarded
-    there: each such ``mul`` whose derivative is used is an unguarded site
-    (found by a user-style hunt: force matching with ``jax.grad`` inside the
-    loss, where-made sample weights).  Asked by the reports only -- a walk
-    per ``mul`` operand the trace need not pay for."""
-    graph = analysis.graph
-    found: list[UnguardedSite] = []
-    memo: dict = {}
-    for node, eqn in enumerate(graph.eqns):
-        if eqn.primitive.name != "mul":
-            continue
-        out = analysis.value_liveness(eqn.outvars[0])
-        if not out.reaches_output:
-            continue
-        for i, v in enumerate(eqn.invars[:2]):
-            other = eqn.invars[1 - i]
-            if is_literal(other) or not selected_zero(graph, v, memo=memo):
-                continue
-            if graph.same_value(v, graph, other):
-                # ``h * h`` of ``h = where(c, sqrt(x), 0)``: in the zeroed
-                # lanes the other factor is that same zero, whose own
-                # derivative there is structurally zero (the where's
-                # constant case): ``2 * h * dh = 0``, no ``0 * inf``
-                continue
-            if singular_before(graph, other):
-                found.append(UnguardedSite(node, WHERE_MADE_ZERO, out))
-                break
-    return found
-
-
-WHERE_MADE_ZERO = (
-    "a where-made zero (a value, not a dead lane) multiplies a factor whose derivative "
-    "may be infinite: 0 * inf is NaN in the lanes it zeroes, unguarded -- put the where "
-    "around the product (where(c, f(x), 0)), or guard the function a jax.grad inside the "
-    "loss differentiates; if this is JAX's own backward pass of a guarded "
-    "guard(jax.grad(f)), the NaN is a forward value the guard keeps: write "
-    "jax.grad(guard(f))"
-)
-
-
-def where_made_zero_quotients(analysis) -> list[UnguardedSite]:
-    """``select_n(c, 0, ct) / x``: JAX's own backward pass of
-    ``where(x > 0, log(x), 0)`` (``xlogy``, ``entr``, ``log_sigmoid(log x)``
-    likewise) in a guarded ``guard(jax.grad(f))`` divides a where-made zero
-    by a value that is zero in the lanes the ``where`` did not take: ``0 /
-    0`` is NaN there, a forward value of the guarded function, which the
-    guard keeps (found by a user-style hunt: the report was clean).  Each
-    ``div`` whose numerator is a where-made zero (:func:`zero_selects`) and
-    whose divisor is not known to be nonzero in the lanes it zeroes
-    (:func:`_divisor_nonzero`: a masked mean's ``maximum(count, 1)``, a
-    constant, the double where's ``where(c, x, 1)``) is an unguarded site.
-    Asked by the reports only."""
-    graph = analysis.graph
-    found: list[UnguardedSite] = []
-    memo: dict = {}
-    for node, eqn in enumerate(graph.eqns):
-        if eqn.primitive.name != "div" or not is_inexact_aval(eqn.outvars[0].aval):
-            continue
-        out = analysis.value_liveness(eqn.outvars[0])
-        if not out.reaches_output:
-            continue
-        num, den = eqn.invars
-        sources = zero_selects(graph, num, memo=memo)
-        if sources and not all(_divisor_nonzero(graph, den, s, eqn) for s in sources):
-            if not _quotient_selected_where_divisor_nonzero(analysis, eqn):
-                found.append(UnguardedSite(node, WHERE_MADE_ZERO_QUOTIENT, out))
-    return found
-
-
-def _quotient_selected_where_divisor_nonzero(analysis, div) -> bool:
-    """The safe normalisation ``where(n2 > 0, p / sqrt(n2), 0)``: the
-    quotient's only reader is a ``where`` that takes it only where its
-    predicate makes the divisor nonzero (``n2 > 0``, ``norm != 0``, or the
-    false case of ``n2 <= 0``).  Its ``0 / 0`` lanes are then never taken:
-    the NaN is a dropped value, and the division's derivative in those lanes
-    is dead, which the boundary guards handle (found by a user-style hunt,
-    2026-11-28: the report told the user to write what they had written).
-    The predicate and the divisor must be lane-aligned copies of one value
-    (the same broadcasts and reshapes on both sides)."""
-    found = _sole_select_reader(analysis.graph, div.outvars[0])
-    if found is None:
-        return False
-    sgraph, select, case = found
-    if len(select.invars) != 3 or not is_bool(select.invars[0]):
-        return False
-    cmp_graph, cmp, pred_copies = _through_copies(sgraph, select.invars[0])
-    if cmp is None or cmp.primitive.name not in _COMPARISONS:
-        return False
-    den = div.invars[1]
-    implicit: tuple = ()
-    shape = tuple(div.outvars[0].aval.shape)
-    den_shape = tuple(getattr(den.aval, "shape", ()))
-    if den_shape != shape:
-        if len(den_shape) != len(shape):
-            return False
-        # ``div`` broadcasts a size-1 axis itself: as ``broadcast_in_dim``
-        implicit = (("broadcast_in_dim", shape, tuple(range(len(shape))), ()),)
-    chain = _divisor_chain(analysis.graph, den, implicit)
-
-    def is_divisor(x) -> bool:
-        # the compared value may itself be a zero-preserving function of the
-        # divisor's value (``sqrt(n2) != 0`` against ``p / sqrt(n2)``)
-        compared = [(g, v) for g, v, copies in _divisor_chain(cmp_graph, x) if not copies]
-        return any(
-            copies == pred_copies and cg.same_value(cv, g, v)
-            for g, v, copies in chain
-            for cg, cv in compared
-        )
-
-    def constant(x, test) -> bool:
-        val = cmp_graph.known_constant(x)
-        return val is not None and bool(np.all(test(np.asarray(val))))
-
-    return any(
-        cmp.primitive.name == name
-        and is_divisor(cmp.invars[side])
-        and constant(cmp.invars[1 - side], test)
-        for name, side, test in _DIVISOR_NONZERO_WHEN[case == 2]
-    )
-
-
-def _nonneg(c):
-    return c >= 0
-
-
-def _positive(c):
-    return c > 0
-
-
-def _zero(c):
-    return c == 0
-
-
-#: per "taken where the predicate holds" (else: where it does not), the
-#: comparisons that then make operand ``side`` nonzero, given a test of the
-#: constant on the other side: ``d > c >= 0``, ``d != 0``; ``not (d <= c)``
-_DIVISOR_NONZERO_WHEN = {
-    True: (
-        ("gt", 0, _nonneg),
-        ("lt", 1, _nonneg),
-        ("ge", 0, _positive),
-        ("le", 1, _positive),
-        ("ne", 0, _zero),
-        ("ne", 1, _zero),
-    ),
-    False: (
-        ("le", 0, _nonneg),
-        ("ge", 1, _nonneg),
-        ("lt", 0, _positive),
-        ("gt", 1, _positive),
-        ("eq", 0, _zero),
-        ("eq", 1, _zero),
-    ),
-}
-
-
-#: lane-wise operations under which a value is nonzero exactly where its
-#: operand is (``sqrt`` of a positive value is positive)
-_ZERO_PRESERVING = frozenset({"sqrt", "abs", "neg"})
-#: copies that move lanes; the predicate must have made the same ones
-_LANE_COPIES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
-
-
-def _divisor_chain(graph, atom, copies: tuple = (), depth: int = 8) -> list:
-    """``(graph, value, copies)`` for the divisor and each value it is
-    computed from by zero-preserving operations and lane copies; ``copies``
-    are the lane copies between that value and the division (``copies``
-    given: the division's own implicit broadcast)."""
-    chain = []
-    for _ in range(depth):
-        graph, atom = graph.value_source(atom)
-        chain.append((graph, atom, copies))
-        found = None if is_literal(atom) else graph.producer(atom)
-        if found is None:
-            break
-        eqn = graph.eqns[found[0]]
-        name = eqn.primitive.name
-        if name in _LANE_COPIES:
-            copies = (_copy_key(eqn), *copies)
-        elif name not in _ZERO_PRESERVING:
-            break
-        atom = eqn.invars[0]
-    return chain
-
-
-def _through_copies(graph, atom):
-    """(graph, the equation that computes ``atom`` beneath lane copies, the
-    copies' keys innermost first) -- the comparison a ``where``'s broadcast
-    predicate is; (graph, None, ()) when there is none."""
-    passed: list = []
-    found = graph.beneath(atom, _LANE_COPIES, passed=passed)
-    if found is None:
-        return graph, None, ()
-    return found[0], found[1], tuple(_copy_key(e) for e in reversed(passed))
-
-
-def _copy_key(eqn):
-    return (
-        eqn.primitive.name,
-        tuple(eqn.outvars[0].aval.shape),
-        tuple(eqn.params.get("broadcast_dimensions", ()) or ()),
-        tuple(eqn.params.get("dimensions", ()) or ()),
-    )
-
-
-def _sole_select_reader(graph, var, depth: int = 8):
-    """(graph, ``select_n`` equation, case index) when ``var``'s one reader
-    is a ``select_n`` case, followed out of the call that computes it
-    (``jnp.divide``'s ``jit``) and into the call that wraps the select
-    (``jnp.where``'s); else None."""
-    for _ in range(depth):
-        readers = [
-            (n, i) for n, e in enumerate(graph.eqns) for i, v in enumerate(e.invars) if v is var
-        ]
-        results = sum(1 for o in graph.jaxpr.outvars if o is var)
-        if results:
-            target = graph.result_target(var)
-            if readers or results != 1 or target is None:
-                return None
-            graph, var = target
-            continue
-        if len(readers) != 1:
-            return None
-        node, index = readers[0]
-        eqn = graph.eqns[node]
-        if eqn.primitive.name == "select_n":
-            return (graph, eqn, index) if index >= 1 else None
-        if eqn.primitive.name not in REWRITTEN_CALLS | {"pjit"}:
-            return None
-        body = graph.call_body_graph(node)
-        if len(body.jaxpr.invars) != len(eqn.invars):
-            return None
-        graph, var = body, body.jaxpr.invars[index]
-    return None
-
-
-def _divisor_nonzero(graph, den, source, div) -> bool:
-    """Whether the divisor ``den`` is known nonzero in the lanes the
-    selection ``source`` (:func:`zero_selects`) zeroes: in every lane
-    (:func:`_nonzero`), or -- the double where -- it is a selection on the
-    same predicate whose cases are nonzero where ``source`` takes a zero.
-    The lanes correspond only when both selections have the division's
-    shape (the walks between see lane-wise operations and copies only)."""
-    if _nonzero(graph, den):
-        return True
-    sgraph, seqn, zero = source
-    found = _selection(graph, den)
-    if found is None:
-        return False
-    g, eqn = found
-    shape = div.outvars[0].aval.shape
-    if (
-        len(eqn.invars) != len(seqn.invars)
-        or eqn.outvars[0].aval.shape != shape
-        or seqn.outvars[0].aval.shape != shape
-        or not same_predicate(g, eqn.invars[0], sgraph, seqn.invars[0])
-    ):
-        return False
-    return all(_nonzero(g, eqn.invars[1 + k]) for k in zero)
-
-
-#: copies that keep a value's lanes nonzero (for :func:`_nonzero`); not a
-#: narrowing conversion, which can flush a tiny value to zero
-_NONZERO_COPIES = frozenset({"neg", "broadcast_in_dim", "reshape", "squeeze"})
-
-
-def _nonzero(graph, atom, depth: int = 8) -> bool:
-    """Whether every lane of ``atom`` is known nonzero while tracing: a
-    constant without zeros, a positive lower bound
-    (:func:`value_bounds.lower_bound`: ``maximum(count, 1)``), a copy or
-    negation of one, a selection between them (``maximum``'s JVP in older
-    JAX divides by ``select_n(t, 1, 2)``)."""
-    if depth <= 0:
-        return False
-    val = graph.known_constant(atom)
-    if val is not None:
-        with np.errstate(all="ignore"):
-            return bool(np.all(np.asarray(val) != 0))
-    bound = lower_bound(graph, atom)
-    if bound is not None and bound > 0:
-        return True
-    graph, atom = graph.value_source(atom)
-    found = None if is_literal(atom) else graph.producer(atom)
-    if found is None:
-        return False
-    eqn = graph.eqns[found[0]]
-    name = eqn.primitive.name
-    if name in _NONZERO_COPIES:
-        return _nonzero(graph, eqn.invars[0], depth - 1)
-    return name == "select_n" and all(_nonzero(graph, c, depth - 1) for c in eqn.invars[1:])
-
-
-def _selection(graph, atom):
-    """(graph, the ``select_n`` equation) ``atom`` is, seen through calls
-    and the copies that keep a lane nonzero; else None."""
-    found = graph.beneath(atom, _NONZERO_COPIES)
-    return found if found is not None and found[1].primitive.name == "select_n" else None
-
-
 def same_predicate(ga, a, gb, b) -> bool:
     """Whether predicates ``a`` and ``b`` hold one value: the same value
     (:meth:`JaxprGraph.same_value`), or one comparison of the same values
@@ -648,13 +342,10 @@ def same_predicate(ga, a, gb, b) -> bool:
     ea, eb = ga.eqns[ea[0]], gb.eqns[eb[0]]
     return (
         ea.primitive.name == eb.primitive.name
-        and ea.primitive.name in _COMPARISONS
+        and ea.primitive.name in COMPARISONS
         and ea.params == eb.params
         and all(_same_operand(ga, u, gb, v) for u, v in zip(ea.invars, eb.invars))
     )
-
-
-_COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 
 
 def _same_operand(ga, u, gb, v) -> bool:
@@ -666,12 +357,3 @@ def _same_operand(ga, u, gb, v) -> bool:
         return False
     cu, cv = np.asarray(cu), np.asarray(cv)
     return cu.shape == cv.shape and cu.dtype == cv.dtype and bool(np.all(cu == cv))
-
-
-WHERE_MADE_ZERO_QUOTIENT = (
-    "a where-made zero (a value, not a dead lane) is divided by a value not known to be "
-    "nonzero in the lanes it zeroes: 0 / 0 is NaN there, unguarded -- divide inside the "
-    "where (where(c, a / b, 0)) or make the divisor nonzero there (where(c, b, 1)); if "
-    "this is JAX's own backward pass of a guarded guard(jax.grad(f)), the NaN is a "
-    "forward value the guard keeps: write jax.grad(guard(f))"
-)

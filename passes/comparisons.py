@@ -1,0 +1,50 @@
+"""What a comparison against a constant says about the compared value, for
+either front end's reports: in the lanes where ``d > c`` holds with ``c >=
+0``, ``d`` is positive; where ``d != 0`` holds, nonzero; where ``d <= c`` does
+*not* hold (``c >= 0``), positive again.  The reports use it to tell a
+singular operation kept away from its singular point by a ``where``'s
+predicate (``where(dr < r_c, poly(dr), 0) * (sigma / dr)``: zero only where
+``dr >= r_c > 0``) from a real ``0 * inf``.  A NaN compared value satisfies
+only the "does not hold" rows; its lanes are NaN in the forward pass already.
+"""
+
+from __future__ import annotations
+
+
+def _nonneg(c):
+    return c >= 0
+
+
+def _positive(c):
+    return c > 0
+
+
+def _zero(c):
+    return c == 0
+
+
+#: per "in the lanes where the predicate holds" (else: where it does not),
+#: ``(comparison, side, test of the constant on the other side, positive)``:
+#: the comparisons that then make operand ``side`` nonzero -- and positive
+#: too when the last is True.  Comparisons are named as JAX's primitives
+#: (``gt``: ``operand 0 > operand 1``); a front end maps its own names.
+IMPLIED_WHEN = {
+    True: (
+        ("gt", 0, _nonneg, True),
+        ("lt", 1, _nonneg, True),
+        ("ge", 0, _positive, True),
+        ("le", 1, _positive, True),
+        ("ne", 0, _zero, False),
+        ("ne", 1, _zero, False),
+    ),
+    False: (
+        ("le", 0, _nonneg, True),
+        ("ge", 1, _nonneg, True),
+        ("lt", 0, _positive, True),
+        ("gt", 1, _positive, True),
+        ("eq", 0, _zero, False),
+        ("eq", 1, _zero, False),
+    ),
+}
+
+COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
