@@ -222,3 +222,24 @@ def test_a_where_keeping_the_singular_factor_finite_is_not_reported(name):
     guarded = hg.guard(f)
     assert not _where_made(hg.report(guarded, x)), name
     np.testing.assert_allclose(xla_grads(guarded, x)[0], xla_grads(double_where, x)[0], rtol=1e-6)
+
+
+def test_a_chain_of_selects_is_walked_once(monkeypatch):
+    """As in the JAX front end: 30 ``tf.where(x <= .5, x, sqrt(x))`` steps
+    behind a mask are excused within a budget of 300 tensors (a walk per
+    path would take 2**30)."""
+    from hlo_guard.tf import where_made_zeros
+
+    monkeypatch.setattr(where_made_zeros, "_MAX_STEPS", 300)
+    mask = tf.constant([True, False, True, True])
+
+    def f(x):
+        for _ in range(30):
+            x = tf.where(x <= 0.5, x, tf.sqrt(x)) + 0.25
+        return tf.cast(mask, tf.float32) * x
+
+    x = tf.constant([0.1, 1.0, 2.0, 0.0])
+    guarded = hg.guard(f)
+    assert not _where_made(hg.report(guarded, x))
+    (grad,) = xla_grads(guarded, x)
+    assert grad[1] == 0.0 and np.isfinite(grad).all()

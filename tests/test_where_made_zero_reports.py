@@ -445,3 +445,30 @@ def test_a_zero_meeting_an_infinite_derivative_is_still_reported(name):
     f, x = _ZEROED_LANES_MEET_INF[name]
     assert np.isnan(np.asarray(jax.grad(hlo_guard.guard(f))(x))).any(), name
     assert "mul" in [u.op for u in _where_made(explain(f, x))], name
+
+
+def test_a_chain_of_wheres_is_walked_once(monkeypatch):
+    """Each ``where`` on the way adds what its predicate says, so the walk
+    behind the masked factor could visit a chain of 30 ``where(x > .5,
+    sqrt(x), x)`` once per path (2**30).  It takes the values with fewest
+    facts first: within a budget of 600 values the chain is excused, and the
+    gradient equals the per-lane double where's."""
+    from hlo_guard.jax_frontend.rules import where_made_zeros
+
+    monkeypatch.setattr(where_made_zeros, "_MAX_WALK", 600)
+    m = jnp.array([True, False, True, True])
+
+    def chain(x, double_where=False):
+        for _ in range(30):
+            inner = jnp.where(x > 0.5, x, 1.0) if double_where else x
+            x = jnp.where(x > 0.5, jnp.sqrt(inner), x) + 0.25
+        return x
+
+    def f(x):
+        return jnp.sum(m.astype(jnp.float32) * chain(x))
+
+    x = jnp.array([0.1, 1.0, 2.0, 0.0])
+    assert not _where_made(explain(f, x))
+    lane = jax.grad(lambda xi: chain(xi, double_where=True))
+    per_lane = [float(lane(xi)) if mi else 0.0 for mi, xi in zip(m, x)]
+    np.testing.assert_allclose(jax.grad(hlo_guard.guard(f))(x), per_lane, rtol=1e-6)

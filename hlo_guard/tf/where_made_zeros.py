@@ -25,6 +25,9 @@ weights under ``fit(jit_compile=True)`` with a clean report).
 
 from __future__ import annotations
 
+import heapq
+import itertools
+
 import numpy as np
 import tensorflow as tf
 
@@ -191,13 +194,23 @@ def _finite_where_zeroed(graph, out, sources, zero, other) -> bool:
         )
         for op, inputs, holds in sources
     ]
-    stack: list = [(other, ())]
-    seen: set = set()
-    while stack and len(seen) < _MAX_STEPS:
-        name, facts = stack.pop()
-        if (name, facts) in seen or not graph.carries_derivative(name):
+    # fewest facts first; a tensor walked with fewer facts settles it for
+    # more (as the JAX front end's walk: a chain of selects is walked once)
+    walked: dict = {}
+    order = itertools.count()
+    todo: list = [(0, next(order), other, frozenset())]
+    steps = 0
+    while todo:
+        _, _, name, facts = heapq.heappop(todo)
+        if not graph.carries_derivative(name):
             continue
-        seen.add((name, facts))
+        before = walked.setdefault(name, [])
+        if any(earlier <= facts for earlier in before):
+            continue
+        before.append(facts)
+        steps += 1
+        if steps > _MAX_STEPS:
+            return False  # too far to tell: the report stands
         found = producer_op(graph, name)
         if found is None:
             continue
@@ -217,10 +230,11 @@ def _finite_where_zeroed(graph, out, sources, zero, other) -> bool:
                     return False
                 continue
             if op.type in _SELECTS:
-                stack.append((t, facts + predicate_facts(graph, inputs[0], k == 1, shape)))
+                more = facts | set(predicate_facts(graph, inputs[0], k == 1, shape))
+                heapq.heappush(todo, (len(more), next(order), t, more))
             else:
-                stack.append((t, facts))
-    return not stack
+                heapq.heappush(todo, (len(facts), next(order), t, facts))
+    return True
 
 
 def _input_nonzero(graph, op, inputs, facts) -> bool:

@@ -9,6 +9,9 @@ the trace need not pay for.  What lies behind a value is asked of
 
 from __future__ import annotations
 
+import heapq
+import itertools
+
 import numpy as np
 
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
@@ -81,6 +84,10 @@ _SINGULAR_ONLY_AT_ZERO = {
 }
 
 
+#: values walked per product at most (:func:`_finite_where_zeroed`)
+_MAX_WALK = 4096
+
+
 def _finite_where_zeroed(analysis, graph, mul, zero_index: int) -> bool:
     """Whether the other factor of ``mul`` has a finite derivative in every
     lane its where-made zero factor zeroes, by what the ``where``s' predicates
@@ -122,27 +129,41 @@ def _finite_where_zeroed(analysis, graph, mul, zero_index: int) -> bool:
         for sg, select, cases in zero_selects(graph, zero)
     ]
     settled: dict = {}
-    seen: set = set()
-    stack: list = [(graph, mul.invars[1 - zero_index], ())]
-    while stack:
-        g, v, facts = stack.pop()
+    #: (graph, value) -> the fact sets it was walked with: one walked with
+    #: fewer facts settles it for more.  Each select on the way adds facts,
+    #: so the walk takes the values with the fewest first; otherwise a chain
+    #: of selects would be walked once per path through it.
+    walked: dict = {}
+    budget = _MAX_WALK
+    order = itertools.count()
+    todo: list = [(0, next(order), graph, mul.invars[1 - zero_index], frozenset())]
+
+    def push(g, v, facts):
+        heapq.heappush(todo, (len(facts), next(order), g, v, facts))
+
+    while todo:
+        _, _, g, v, facts = heapq.heappop(todo)
         if is_literal(v) or not g.carries_derivative(v) or no_derivative(g, v, settled):
             continue
-        if (id(g), v, facts) in seen:
+        before = walked.setdefault((id(g), v), [])
+        if any(earlier <= facts for earlier in before):
             continue
-        seen.add((id(g), v, facts))
+        before.append(facts)
+        budget -= 1
+        if budget <= 0:
+            return False  # too far to tell: the report stands
         producer = g.producer(v)
         if producer is None:
             outer = g.caller_argument(v) or operand_source(g, v)
             if outer is not None:
-                stack.append((*outer, facts))
+                push(outer[0], outer[1], facts)
             elif g.scope:  # a loop body's carry: from the last iteration
                 return False
             continue
         eqn = g.eqns[producer[0]]
         if eqn.primitive.name in REWRITTEN_CALLS:
             body = g.call_body_graph(producer[0])
-            stack.append((body, body.jaxpr.outvars[producer[1]], facts))
+            push(body, body.jaxpr.outvars[producer[1]], facts)
             continue
         if not _lane_wise(analysis, eqn, shape):
             if singular_before(g, v):
@@ -165,9 +186,9 @@ def _finite_where_zeroed(analysis, graph, mul, zero_index: int) -> bool:
                     return False
                 continue
             if eqn.primitive.name == "select_n":
-                stack.append((g, a, facts + case_facts(g, eqn, k - 1)))
+                push(g, a, facts | set(case_facts(g, eqn, k - 1)))
             else:
-                stack.append((g, a, facts))
+                push(g, a, facts)
     return True
 
 
