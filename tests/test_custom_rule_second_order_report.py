@@ -228,3 +228,41 @@ def test_the_double_where_is_recognised_only_when_it_matches(rule, reported):
     assert bool(_rule_sites(hg.explain(hg.guard(f), X))) is reported
     leaks = bool(np.isnan(np.asarray(jax.jacrev(jax.grad(f))(X))).any())
     assert leaks is reported
+
+
+def _norm_rule(double_where: bool):
+    """A norm whose rule divides the *tangent* inside the where (found by a
+    user-style hunt, 2026-11-28: geometry code)."""
+
+    @jax.custom_jvp
+    def norm(x):
+        return jnp.sqrt(jnp.sum(x * x))
+
+    @norm.defjvp
+    def _rule(primals, tangents):
+        (x,), (t,) = primals, tangents
+        n = norm(x)
+        divisor = jnp.where(n > 0, n, 1.0) if double_where else n
+        return n, jnp.where(n > 0, jnp.dot(x, t) / divisor, 0.0)
+
+    return lambda x: norm(x) ** 2
+
+
+def test_a_rule_dividing_its_tangent_in_the_dead_branch_is_reported_at_first_order():
+    """Reverse mode transposes the rule's tangent computation: ``0 / 0``
+    already in ``jax.grad``, while forward mode selects it away.  The report
+    said only a derivative of the derivative was affected."""
+    f, oracle = _norm_rule(False), _norm_rule(True)
+    x = jnp.zeros(3)
+    assert np.isnan(np.asarray(jax.grad(hg.guard(f))(x))).all()
+    np.testing.assert_array_equal(jax.grad(oracle)(x), np.zeros(3))
+    np.testing.assert_array_equal(jax.jacfwd(hg.guard(f))(x), jax.jacfwd(oracle)(x))
+    (site,) = hg.explain(f, x).unguarded
+    assert "already the first derivative" in site.reason
+    assert "(on its tangent)" in site.reason
+
+
+def test_a_rule_selecting_a_coefficient_keeps_the_second_order_wording():
+    (site,) = hg.explain(lambda x: jnp.sum(sqrt_jvp(x)), jnp.array([0.0, 1.0])).unguarded
+    assert "reverse over reverse" in site.reason
+    assert "first derivative" not in site.reason

@@ -9,6 +9,10 @@ branch gets meets ``sqrt``'s infinite derivative there: NaN in exactly the
 lanes the rule meant to drop (found by a user-style hunt, 2026-11-27: both JAX
 versions, eager and under ``jit``; forward over reverse, ``jax.hessian``, is
 exact).  :func:`custom_rule_hazards` names such calls as unguarded sites.
+A rule whose *tangent* passes through the dead branch (``where(n > 0,
+dot(x, t) / n, 0)``) is NaN already in a first reverse derivative, which
+transposes that division; its sites are marked (:data:`IN_ITS_TANGENT`) and
+the reason says so (a hunt, 2026-11-28: it said second order only).
 
 The rule is analysed as a program of its own, with the rule table, every
 derivative output live: a guard site it would get is a dead lane of its own
@@ -114,8 +118,8 @@ def _read_hazards(eqn, perturbed) -> tuple[str, ...]:
             read = _vjp_program(eqn, perturbed)
     except Exception as err:  # noqa: BLE001 - not readable: say so, never stay silent
         return (f"<its rule could not be traced for this check: {type(err).__name__}>",)
-    jaxpr, outs = read
-    hazards = _hazards(jaxpr, outs)
+    jaxpr, outs, tangents = read
+    hazards = _hazards(jaxpr, outs, tangents)
     if hazards and _body_reported(eqn):
         # its body's hazards are named already (note_dead_hazards_in_body):
         # only lines that report does not name (the rule's own where)
@@ -126,7 +130,12 @@ def _read_hazards(eqn, perturbed) -> tuple[str, ...]:
         if reported is None:
             reported = _BODY_HAZARDS[body] = tuple(_dead_hazards(body, scope_name("", eqn)))
         lines = {h.partition(" at ")[2] for h in reported} - {""}
-        hazards = [h for h in hazards if h not in reported and h.partition(" at ")[2] not in lines]
+        hazards = [
+            h
+            for h in hazards
+            if h.removesuffix(IN_ITS_TANGENT) not in reported
+            and h.removesuffix(IN_ITS_TANGENT).partition(" at ")[2] not in lines
+        ]
     return tuple(hazards)
 
 
@@ -153,7 +162,8 @@ def _jvp_rule(eqn):
         return None
     jaxpr, _, out_zeros = found
     n_tangents = len(jaxpr.outvars) - len(out_zeros)
-    return jaxpr, [NO_DERIVATIVE] * len(out_zeros) + [LIVE] * n_tangents
+    tangents = frozenset(jaxpr.invars[len(operands) :])
+    return jaxpr, [NO_DERIVATIVE] * len(out_zeros) + [LIVE] * n_tangents, tangents
 
 
 def _vjp_program(eqn, diff):
@@ -181,20 +191,30 @@ def _vjp_program(eqn, diff):
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
 
     closed = jax.make_jaxpr(vjp)([spec(a) for a in avals], [spec(v.aval) for v in eqn.outvars])
-    return closed.jaxpr, [LIVE] * len(closed.jaxpr.outvars)
+    return closed.jaxpr, [LIVE] * len(closed.jaxpr.outvars), frozenset()
 
 
-def _hazards(jaxpr, outs) -> list[str]:
+#: marks a hazard whose dead operand is computed from the rule's tangents
+IN_ITS_TANGENT = " (on its tangent)"
+
+
+def _hazards(jaxpr, outs, tangents: frozenset = frozenset()) -> list[str]:
     """``prim at file:line`` of the guard sites ``jaxpr`` would get, nested
     plain calls and control flow included, nested custom calls (their own
-    rules) and their bodies not; the user's own lines first."""
+    rules) and their bodies not; the user's own lines first.  A site of the
+    rule itself whose dead operand is computed from ``tangents`` (the
+    ``custom_jvp`` rule's tangent inputs: ``where(n > 0, dot(x, t) / n,
+    0)``) is marked :data:`IN_ITS_TANGENT`: reverse mode transposes that
+    computation, so already a first derivative divides its zero there."""
     from hlo_guard.source import eqn_location, in_installed_package
     from passes.analysis import analyze
     from passes.planning import plan_guards
 
     own: list[str] = []
     library: list[str] = []
-    stack = [analyze(JaxprGraph(jaxpr, "rule"), RULES, outs)]
+    root = analyze(JaxprGraph(jaxpr, "rule"), RULES, outs)
+    from_tangents = _computed_from(jaxpr, tangents)
+    stack = [root]
     while stack:
         sub = stack.pop()
         if plan_of(sub).mask_only:  # a nested custom call's body
@@ -206,9 +226,22 @@ def _hazards(jaxpr, outs) -> list[str]:
                 continue
             loc = eqn_location(e)
             text = f"{e.primitive.name} at {loc}" if loc else e.primitive.name
+            if sub is root and e.invars[site.index] in from_tangents:
+                text += IN_ITS_TANGENT
             (library if in_installed_package(e) else own).append(text)
         stack.extend(sub.subs.values())
     return list(dict.fromkeys(own + library))
+
+
+def _computed_from(jaxpr, inputs: frozenset) -> set:
+    """The variables of ``jaxpr`` computed from any of ``inputs``."""
+    found = set(inputs)
+    if not found:
+        return found
+    for e in jaxpr.eqns:
+        if any(not is_literal(v) and v in found for v in e.invars):
+            found.update(e.outvars)
+    return found
 
 
 def _double_where(graph, site) -> bool:
@@ -338,6 +371,15 @@ def _message(eqn, hazards) -> str:
             "jacrev(grad)) differentiates that rule, which hlo_guard does not rewrite"
         )
     shown = ", ".join(hazards[:3]) + (f" and {len(hazards) - 3} more" if len(hazards) > 3 else "")
+    if any(h.endswith(IN_ITS_TANGENT) for h in hazards):
+        return (
+            f"the custom derivative rule of {name}{rule} selects with where, and its "
+            "tangent passes through the dead branch: reverse mode (grad, jacrev) "
+            "transposes that computation, so already the first derivative meets "
+            f"{shown} in the dead lanes (0 / 0 is NaN there; hlo_guard does not rewrite "
+            "the rule; write the double where inside it: where(n > 0, dot(x, t) / "
+            "where(n > 0, n, 1), 0))"
+        )
     return (
         f"the custom derivative rule of {name}{rule} selects with where; a derivative of "
         "its derivative (reverse over reverse: jacrev(grad), grad(grad)) differentiates "
