@@ -163,3 +163,80 @@ def test_a_genuine_singularity_behind_a_constant_product_stays():
     assert np.isposinf(plain[0])
     for g in (jax.grad(hlo_guard.guard(f)), jax.jit(jax.grad(hlo_guard.guard(f)))):
         np.testing.assert_array_equal(np.asarray(g(x)), plain)
+
+
+_M = jnp.asarray([[0.5, -1.5, 2.0], [1.0, 0.25, -3.0]], jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "copy",
+    [
+        lambda m: jnp.broadcast_to(m, (4, 2, 3)),
+        lambda m: jnp.broadcast_to(m[:, None, :], (2, 5, 3)),
+        lambda m: jnp.reshape(m, (3, 2)),
+        lambda m: jnp.squeeze(m[None]),
+    ],
+    ids=["broadcast", "broadcast middle axis", "reshape", "squeeze"],
+)
+def test_known_constant_sees_through_copies_of_a_closed_over_array(copy):
+    """A broadcast or reshape of a closed-over array is the array's values,
+    as XLA computes them."""
+    from hlo_guard.jax_frontend.graph import JaxprGraph
+
+    closed = jax.make_jaxpr(lambda x: copy(_M) * x)(jnp.float32(1.0))
+    values = dict(zip(closed.jaxpr.constvars, map(np.asarray, closed.consts)))
+    graph = JaxprGraph(closed.jaxpr, constant_values=values)
+    (mul,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "mul"]
+    got = graph.known_constant(mul.invars[0])
+    assert got is not None
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(lambda: copy(_M))()))
+
+
+def _hat(w):
+    return jnp.array([[0.0, -w[2], w[1]], [w[2], 0.0, -w[0]], [-w[1], w[0], 0.0]])
+
+
+def _exp_so3(w, double_where):
+    t2 = jnp.sum(w * w)
+    if double_where:
+        small = t2 < 1e-12
+        th = jnp.sqrt(jnp.where(small, 1.0, t2))
+        a = jnp.where(small, 1 - t2 / 6, jnp.sin(th) / th)
+        b = jnp.where(small, 0.5 - t2 / 24, (1 - jnp.cos(th)) / jnp.where(small, 1.0, t2))
+    else:
+        a, b = jax.lax.cond(
+            t2 < 1e-12,
+            lambda t: (1 - t / 6, 0.5 - t / 24),
+            lambda t: (jnp.sin(jnp.sqrt(t)) / jnp.sqrt(t), (1 - jnp.cos(jnp.sqrt(t))) / t),
+            t2,
+        )
+    k = _hat(w)
+    return jnp.eye(3) + a * k + b * (k @ k)
+
+
+def test_a_scan_output_times_a_broadcast_constant_array_is_not_a_forward_gap():
+    """A rotation rollout (a ``scan`` whose small-angle switch is a ``cond``,
+    batched by ``vmap``), its final rotation times a closed-over ``[3, 3]``
+    array that ``jnp`` broadcasts: a finite scale, no forward-mode gap.  It
+    was reported (a geometry hunt, 2026-11-28).  jacfwd equals the double
+    where's."""
+    m = jnp.asarray(np.random.default_rng(3).normal(size=(3, 3)), jnp.float32)
+    steps = jnp.array([1.0, 0.0, 0.5, 0.0], jnp.float32)
+
+    def rollout(o, double_where=False):
+        def step(r, s):
+            r2 = r @ _exp_so3(o * s * 0.1, double_where)
+            return r2, jnp.trace(r2)
+
+        rt, traces = jax.lax.scan(step, jnp.eye(3), steps)
+        return jnp.sum(rt * m) + 0.1 * jnp.sum(traces)
+
+    def f(o):
+        return jnp.sum(jax.vmap(rollout)(o))
+
+    def oracle(o):
+        return jnp.sum(jax.vmap(lambda v: rollout(v, True))(o))
+
+    o = jnp.array([[0.0, 0.0, 0.0], [0.4, -0.1, 0.9], [0.0, 0.0, 1e-9]], jnp.float32)
+    assert not hlo_guard.explain(f, o).unguarded
+    np.testing.assert_allclose(jax.jacfwd(hlo_guard.guard(f))(o), jax.jacfwd(oracle)(o), atol=1e-6)

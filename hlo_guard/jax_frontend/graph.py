@@ -38,7 +38,11 @@ _FOLDED = {
     "min": np.minimum,
     "square": np.square,
 }
+
 _FOLDED_MAX_SIZE = 64
+#: lane copies :meth:`JaxprGraph.known_constant` evaluates (numpy views of
+#: the constant: any size)
+_COPIES = frozenset({"broadcast_in_dim", "reshape", "squeeze"})
 #: how many call boundaries :meth:`JaxprGraph.value_source` crosses
 _MAX_SOURCE_STEPS = 48
 
@@ -232,7 +236,39 @@ class JaxprGraph:
                 return None
         if eqn.primitive.name in _FOLDED and eqn.params.get("accuracy") is None:
             return self._folded(atom, eqn)
+        if eqn.primitive.name in _COPIES:
+            return self._copied(atom, eqn)
         return None
+
+    def _copied(self, atom, eqn):
+        """A broadcast or reshape of a known constant, evaluated with numpy:
+        ``jnp``'s implicit broadcast of a closed-over array (``y * M`` with
+        ``M`` of shape ``[3]`` and ``y`` of ``[2, 3]``) is a finite scale
+        as ``M`` is (a hunt, 2026-11-28).  A view of the constant, so of any
+        size; remembered per value."""
+        if atom in self._folded_values:
+            return self._folded_values[atom]
+        self._folded_values[atom] = None  # no re-entry while evaluating
+        shape = eqn.outvars[0].aval.shape
+        static = all(isinstance(d, (int, np.integer)) for d in shape)
+        # (``reshape``'s ``dimensions``, older JAX: a transpose first)
+        if not static or (eqn.primitive.name == "reshape" and eqn.params.get("dimensions")):
+            return None
+        val = self.known_constant(eqn.invars[0])
+        if val is None:
+            return None
+        arr = np.asarray(val)
+        try:
+            if eqn.primitive.name == "broadcast_in_dim":
+                dims = tuple(eqn.params["broadcast_dimensions"])
+                ranked = [arr.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))]
+                found = np.broadcast_to(np.reshape(arr, ranked), shape)
+            else:  # reshape, squeeze
+                found = np.reshape(arr, shape)
+        except (TypeError, ValueError, IndexError):
+            return None
+        self._folded_values[atom] = found
+        return found
 
     def value_source(self, atom):
         """``(graph, atom)`` where ``atom``'s value is computed: out of a call
