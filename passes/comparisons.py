@@ -23,28 +23,29 @@ def _zero(c):
     return c == 0
 
 
-#: per "in the lanes where the predicate holds" (else: where it does not),
 #: ``(comparison, side, test of the constant on the other side, positive)``:
-#: the comparisons that then make operand ``side`` nonzero -- and positive
-#: too when the last is True.  Comparisons are named as JAX's primitives
-#: (``gt``: ``operand 0 > operand 1``); a front end maps its own names.
+#: in the lanes where the comparison holds, operand ``side`` is nonzero --
+#: and positive too when the last is True: ``d > c >= 0``, ``d != 0``.
+#: Comparisons are named as JAX's primitives (``gt``: ``operand 0 > operand
+#: 1``); a front end maps its own names.
+_HOLDS = (
+    ("gt", 0, _nonneg, True),
+    ("lt", 1, _nonneg, True),
+    ("ge", 0, _positive, True),
+    ("le", 1, _positive, True),
+    ("ne", 0, _zero, False),
+    ("ne", 1, _zero, False),
+)
+#: a comparison that does not hold is its negation that does (``not (d <=
+#: c)`` is ``d > c``; a NaN lane satisfies every negation, and is NaN in the
+#: forward pass already)
+_NEGATION = {"gt": "le", "lt": "ge", "ge": "lt", "le": "gt", "ne": "eq"}
+
+#: per "in the lanes where the predicate holds" (else: where it does not),
+#: the rows of :data:`_HOLDS` that apply
 IMPLIED_WHEN = {
-    True: (
-        ("gt", 0, _nonneg, True),
-        ("lt", 1, _nonneg, True),
-        ("ge", 0, _positive, True),
-        ("le", 1, _positive, True),
-        ("ne", 0, _zero, False),
-        ("ne", 1, _zero, False),
-    ),
-    False: (
-        ("le", 0, _nonneg, True),
-        ("ge", 1, _nonneg, True),
-        ("lt", 0, _positive, True),
-        ("gt", 1, _positive, True),
-        ("eq", 0, _zero, False),
-        ("eq", 1, _zero, False),
-    ),
+    True: _HOLDS,
+    False: tuple((_NEGATION[op], side, test, positive) for op, side, test, positive in _HOLDS),
 }
 
 COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})

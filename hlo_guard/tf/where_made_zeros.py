@@ -25,9 +25,6 @@ weights under ``fit(jit_compile=True)`` with a clean report).
 
 from __future__ import annotations
 
-import heapq
-import itertools
-
 import numpy as np
 import tensorflow as tf
 
@@ -39,6 +36,7 @@ from hlo_guard.tf.predicate_facts import (
     static_shape,
     zero_preserving_chain,
 )
+from passes.fact_walk import walk_with_facts
 from passes.planning import UnguardedSite
 
 WHERE_MADE_ZERO = (
@@ -194,47 +192,34 @@ def _finite_where_zeroed(graph, out, sources, zero, other) -> bool:
         )
         for op, inputs, holds in sources
     ]
-    # fewest facts first; a tensor walked with fewer facts settles it for
-    # more (as the JAX front end's walk: a chain of selects is walked once)
-    walked: dict = {}
-    order = itertools.count()
-    todo: list = [(0, next(order), other, frozenset())]
-    steps = 0
-    while todo:
-        _, _, name, facts = heapq.heappop(todo)
-        if not graph.carries_derivative(name):
-            continue
-        before = walked.setdefault(name, [])
-        if any(earlier <= facts for earlier in before):
-            continue
-        before.append(facts)
-        steps += 1
-        if steps > _MAX_STEPS:
-            return False  # too far to tell: the report stands
+
+    def step(name, facts):
         found = producer_op(graph, name)
         if found is None:
-            continue
+            return []
         op, inputs = found
         if op.type not in _LANE_WISE or static_shape(graph.tensors[name]) != shape:
-            if _singular_before(graph, name):
-                return False
-            continue
+            return None if _singular_before(graph, name) else []
         if op.type in SINGULAR and not _bounded(graph, op, inputs):
             if not all(_input_nonzero(graph, op, inputs, (*known, *facts)) for known in zero_facts):
-                return False
+                return None
+        walk = []
         for k, t in enumerate(inputs):
             if (op.type in _SELECTS and k == 0) or not graph.carries_derivative(t):
                 continue
             if static_shape(graph.tensors[t]) != shape:
                 if _singular_before(graph, t):  # broadcast: its gradient sums lanes
-                    return False
+                    return None
                 continue
             if op.type in _SELECTS:
-                more = facts | set(predicate_facts(graph, inputs[0], k == 1, shape))
-                heapq.heappush(todo, (len(more), next(order), t, more))
+                walk.append((t, facts | set(predicate_facts(graph, inputs[0], k == 1, shape))))
             else:
-                heapq.heappush(todo, (len(facts), next(order), t, facts))
-    return True
+                walk.append((t, facts))
+        return walk
+
+    # fewest facts first, each tensor once per fact set it is not settled for
+    # (:mod:`passes.fact_walk`, as the JAX front end's walk)
+    return walk_with_facts(other, graph.carries_derivative, lambda name: name, step, _MAX_STEPS)
 
 
 def _input_nonzero(graph, op, inputs, facts) -> bool:

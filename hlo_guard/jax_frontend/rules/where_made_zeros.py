@@ -9,9 +9,6 @@ the trace need not pay for.  What lies behind a value is asked of
 
 from __future__ import annotations
 
-import heapq
-import itertools
-
 import numpy as np
 
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
@@ -31,6 +28,7 @@ from hlo_guard.jax_frontend.rules.predicate_facts import (
     implied_nonzero,
 )
 from hlo_guard.jax_frontend.value_bounds import lower_bound
+from passes.fact_walk import walk_with_facts
 from passes.planning import UnguardedSite
 
 
@@ -84,7 +82,8 @@ _SINGULAR_ONLY_AT_ZERO = {
 }
 
 
-#: values walked per product at most (:func:`_finite_where_zeroed`)
+#: the walk behind a product gives up on reaching this many values
+#: (:func:`_finite_where_zeroed`, :mod:`passes.fact_walk`)
 _MAX_WALK = 4096
 
 
@@ -129,53 +128,34 @@ def _finite_where_zeroed(analysis, graph, mul, zero_index: int) -> bool:
         for sg, select, cases in zero_selects(graph, zero)
     ]
     settled: dict = {}
-    #: (graph, value) -> the fact sets it was walked with: one walked with
-    #: fewer facts settles it for more.  Each select on the way adds facts,
-    #: so the walk takes the values with the fewest first; otherwise a chain
-    #: of selects would be walked once per path through it.
-    walked: dict = {}
-    budget = _MAX_WALK
-    order = itertools.count()
-    todo: list = [(0, next(order), graph, mul.invars[1 - zero_index], frozenset())]
 
-    def push(g, v, facts):
-        heapq.heappush(todo, (len(facts), next(order), g, v, facts))
+    def admit(item) -> bool:
+        g, v = item
+        return not (is_literal(v) or not g.carries_derivative(v) or no_derivative(g, v, settled))
 
-    while todo:
-        _, _, g, v, facts = heapq.heappop(todo)
-        if is_literal(v) or not g.carries_derivative(v) or no_derivative(g, v, settled):
-            continue
-        before = walked.setdefault((id(g), v), [])
-        if any(earlier <= facts for earlier in before):
-            continue
-        before.append(facts)
-        budget -= 1
-        if budget <= 0:
-            return False  # too far to tell: the report stands
+    def step(item, facts):
+        g, v = item
         producer = g.producer(v)
         if producer is None:
             outer = g.caller_argument(v) or operand_source(g, v)
             if outer is not None:
-                push(outer[0], outer[1], facts)
-            elif g.scope:  # a loop body's carry: from the last iteration
-                return False
-            continue
+                return [((outer[0], outer[1]), facts)]
+            # a loop body's carry (from the last iteration) ends the walk
+            return None if g.scope else []
         eqn = g.eqns[producer[0]]
         if eqn.primitive.name in REWRITTEN_CALLS:
             body = g.call_body_graph(producer[0])
-            push(body, body.jaxpr.outvars[producer[1]], facts)
-            continue
+            return [((body, body.jaxpr.outvars[producer[1]]), facts)]
         if not _lane_wise(analysis, eqn, shape):
-            if singular_before(g, v):
-                return False
-            continue
+            return None if singular_before(g, v) else []
         if singular_here(g, eqn) and not all(
             _operand_nonzero(g, eqn, (*known, *facts)) for known in zero_facts
         ):
-            return False
+            return None
         operands = list(enumerate(eqn.invars))
         if eqn.primitive.name == "select_n":
             operands = operands[1:]
+        found = []
         for k, a in operands:
             if is_literal(a) or not g.carries_derivative(a):
                 continue
@@ -183,13 +163,18 @@ def _finite_where_zeroed(analysis, graph, mul, zero_index: int) -> bool:
                 # broadcast by the operation (``sigma / dr`` of a scalar
                 # ``sigma``): its cotangent sums every lane's
                 if singular_before(g, a):
-                    return False
+                    return None
                 continue
             if eqn.primitive.name == "select_n":
-                push(g, a, facts | set(case_facts(g, eqn, k - 1)))
+                found.append(((g, a), facts | set(case_facts(g, eqn, k - 1))))
             else:
-                push(g, a, facts)
-    return True
+                found.append(((g, a), facts))
+        return found
+
+    start = (graph, mul.invars[1 - zero_index])
+    key = lambda item: (id(item[0]), item[1])  # noqa: E731
+    # (gives up on reaching _MAX_WALK values)
+    return walk_with_facts(start, admit, key, step, _MAX_WALK - 1)
 
 
 def _lane_wise(analysis, eqn, shape: tuple) -> bool:
