@@ -205,10 +205,11 @@ def test_generator_binary_node_has_the_requested_length():
 def test_fuzz_forward_mode_arccos_of_maximum_with_nan_lane():
     """Core finding by ``make fuzz`` (fixed): ``arccos(maximum(x[0:1], x[0:2]))`` with
     ``x[1]`` NaN.  No operand equals the NaN result, so JAX's forward rule gives that
-    lane the tangent ``t * 0`` -- structurally zero -- and ``arccos'(NaN) * 0`` made
-    every column of ``jacfwd`` NaN, where the per-lane oracle has no derivative in
-    that lane.  max/min/clamp outputs are now never statically fully live in forward
-    mode, so the arccos output is guarded."""
+    lane the tangent ``t * 0``, and ``arccos'(NaN) * 0`` made every column of
+    ``jacfwd`` NaN where the per-lane oracle then had no derivative in that lane.
+    Since 2026-11-28 the NaN operand is the taken side (XLA propagates it; contract
+    3), in the guard's masks and in the oracle alike: the lane's derivative is JAX's
+    own, NaN, in both.  The check stays: both sides must agree on it."""
     root = Unary("arccos", Binary("maximum", Slice(Leaf("x"), 0, 1, 1), Slice(Leaf("x"), 0, 2, 1)))
     from fuzzlib.checks import check_forward_mode
 

@@ -362,6 +362,10 @@ class _LaxOps:
         return lax.lt(*_LaxOps._pair(a, b))
 
     @staticmethod
+    def not_equal(a, b):
+        return lax.ne(*_LaxOps._pair(a, b))
+
+    @staticmethod
     def any(a, axis=None, keepdims=False):
         shape = tuple(np.shape(a))
         axes = (
@@ -562,6 +566,14 @@ def normalize(mask):
         if not mask.any():
             return NONE
     return mask
+
+
+def holds_result(m, x, ans):
+    """Lanes where ``x`` is what a ``max``/``min`` (or a reduction of one)
+    returned: ``x == ans`` (ties share), or ``x`` is NaN, which XLA's
+    ``max``/``min`` propagate into the result (``rules/selection.py``'s
+    docstring).  A finite ``x`` beside a NaN result lost to the NaN."""
+    return m.logical_or(m.equal(x, ans), m.not_equal(x, x))
 
 
 def and_(a, b, shape):

@@ -132,6 +132,16 @@ def and_(a, b):
     return normalize(_lane_op(tf.logical_and, a, b))
 
 
+def _negated(m):
+    """``not m`` as ``m == False``: Grappler's arithmetic optimizer rewrites
+    ``LogicalNot(Less(x, y))`` to ``GreaterEqual(x, y)`` when the comparison
+    has no other reader, which is false on a NaN lane where the negation is
+    true (seen in TF 2.21 graph mode, not under XLA): the else-branch of a
+    select on ``x > 0`` would lose its NaN lanes.  ``Equal`` on booleans is
+    left alone."""
+    return tf.equal(m, False)
+
+
 def not_(m):
     if m is ALL:
         return NONE
@@ -139,8 +149,8 @@ def not_(m):
         return ALL
     if mb.is_recorded(m):
         source, dims = mb.source_of(m)
-        return mb.emit(tf.logical_not(source), mb.static_shape(m), dims)
-    return tf.logical_not(m)
+        return mb.emit(_negated(source), mb.static_shape(m), dims)
+    return _negated(m)
 
 
 def reduce_to(m, out, operand):

@@ -19,12 +19,14 @@ genuinely live:
 
 * ``maximum``/``minimum``: ``a > b`` -> ``a``; ``b > a`` -> ``b``; ``a == b``
   -> ``jnp.maximum(a, b)`` on the two scalars (JAX's balanced rule: half the
-  derivative to each); unordered (a NaN) -> the value with *no* derivative
-  (JAX's rule multiplies both sides by 0 there: neither equals the result).
+  derivative to each); unordered (a NaN) -> the NaN side was taken (XLA
+  propagates it), with JAX's own coefficient for it (0: its derivative times
+  0, NaN when that is infinite), the finite side not at all.
 * ``clip(x, lo, hi)`` is ``minimum(hi, maximum(lo, x))``, as ``jnp.clip`` is.
 * ``max``/``min`` reductions: JAX's reduction over exactly the lanes equal to
-  the result (each gets an equal share); with a NaN among the lanes no lane
-  equals the result and none gets a derivative.
+  the result (each gets an equal share); with a NaN among the lanes, JAX's
+  reduction over the NaN lanes (taken: the result is theirs; JAX gives them
+  ``0 / 0``), the others not at all.
 * ``segment_max``/``segment_min``: as the reductions, per segment, with the
   identity the segment starts from (-inf for max) counted as one more tied
   lane when the result equals it (JAX's ``scatter-max`` JVP).
@@ -91,7 +93,9 @@ def _choose(a, b, va, vb, greater):
     pick = jnp.maximum if greater else jnp.minimum
     if va == vb:
         return pick(a, b)
-    return lax.stop_gradient(pick(a, b))
+    # a NaN: taken, with JAX's coefficient for it; a finite side lost to it
+    a_nan, b_nan = np.isnan(va), np.isnan(vb)
+    return pick(a if a_nan else lax.stop_gradient(a), b if b_nan else lax.stop_gradient(b))
 
 
 def _segment_choose(op, lanes, values, dtype):
@@ -100,7 +104,7 @@ def _segment_choose(op, lanes, values, dtype):
     identity the segment starts from (-inf for max), a constant.  So the
     lanes equal to the result share the derivative, the identity counting as
     one more of them when the result is the identity; with a NaN among the
-    lanes none gets any; an empty segment is the identity."""
+    lanes only the NaN lanes are taken; an empty segment is the identity."""
     identity = -np.inf if op == "max" else np.inf
     start = jnp.asarray(identity, dtype)
     return _reduce_choose(op, [*lanes, start], [*values, identity])
@@ -108,10 +112,10 @@ def _segment_choose(op, lanes, values, dtype):
 
 def _reduce_choose(op, lanes, values):
     # the lanes that tie with the result, decided on JAX's own vector
-    full = jnp.stack(lanes)
     values = np.asarray(values).reshape(-1)
     if np.isnan(values).any():
-        return lax.stop_gradient(getattr(jnp, op)(full))
+        nan_lanes = [v for v, w in zip(lanes, values) if np.isnan(w)]
+        return getattr(jnp, op)(jnp.stack(nan_lanes))
     best = values.max() if op == "max" else values.min()
     tied = [v for v, w in zip(lanes, values) if w == best]
     return getattr(jnp, op)(jnp.stack(tied))

@@ -14,6 +14,20 @@ lane JAX differentiates must never be marked dead:
   ``lo`` where ``lo > x`` and ``lo < hi``, ``hi`` where ``hi < x``.
 * ``reduce_max``/``reduce_min``: location indicators ``x == max`` (ties share),
   multiplied -- guarded.
+
+A NaN is the exception to "the loser is dead".  XLA's ``max``, ``min`` and
+``clamp`` propagate a NaN operand, so a NaN result lane *came from* that
+operand: the path is taken, and contract 3 forbids hiding its NaN gradient.
+JAX's own indicators (``x == ans``, strict bounds) are false for NaN on every
+side, which read literally would make every operand of such a lane dead and
+its guard would zero the gradient under a NaN loss (``arccos(clip(0 / 0))``;
+``log(maximum(nan, eps))`` had grad 0 but jacfwd NaN).  So each mask also
+holds where its own operand is NaN (:func:`holds_result`; for ``clamp``, a
+NaN operand or bound, which ``clamp`` returns as well).  On every lane
+without a NaN it is JAX's condition exactly; on a NaN lane the NaN operands
+are live, with JAX's own coefficient (0: their infinite or NaN derivative
+gives NaN, as in plain JAX), and a finite operand beside them lost to the
+NaN and stays dead.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from hlo_guard.jax_frontend.graph import is_inexact_aval, is_literal
 from hlo_guard.jax_frontend.mask_ops import (
     and_,
     broadcast_to,
+    holds_result,
     is_static,
     lax_ops,
     normalize,
@@ -149,7 +164,8 @@ class SelectN(JaxRule):
 
 class MaxMin(ForwardExitSelection):
     """``max``/``min``: live where the operand equals the result (ties: both;
-    JAX's JVP multiplies each operand's tangent by a 0/0.5/1 indicator)."""
+    JAX's JVP multiplies each operand's tangent by a 0/0.5/1 indicator), and
+    on a NaN lane (module docstring)."""
 
     lane_local = "same-shape"
     kind = "selection"
@@ -167,7 +183,7 @@ class MaxMin(ForwardExitSelection):
         def operand_mask(i):
             v = eqn.invars[i]
             x = mctx.value(v)
-            chosen = normalize(broadcast_to(xp(x, ans).equal(x, ans), shape))
+            chosen = normalize(broadcast_to(holds_result(xp(x, ans), x, ans), shape))
             return reduce_to_shape(and_(out, chosen, shape), shape, aval_shape(v))
 
         # lazily: ``minimum(x, 1.0)``'s literal needs no mask, and an unused
@@ -178,7 +194,7 @@ class MaxMin(ForwardExitSelection):
         shape = aval_shape(eqn.outvars[0])
         ans = mctx.value(eqn.outvars[0])
         x = mctx.value(eqn.invars[index])
-        chosen = normalize(broadcast_to(xp(x, ans).equal(x, ans), shape))
+        chosen = normalize(broadcast_to(holds_result(xp(x, ans), x, ans), shape))
         return and_(out_masks[0], chosen, shape)
 
     def forward(self, fa, node, ins):
@@ -192,20 +208,25 @@ class MaxMin(ForwardExitSelection):
             if m is NONE:  # no tangent (a literal bound): its choice adds nothing
                 continue
             x = mctx.value(v)
-            chosen.append(xp(x, ans).equal(x, ans))
+            chosen.append(holds_result(xp(x, ans), x, ans))
             tangents.append(m)
         return [_chosen_forward(chosen, tangents, shape)]
 
 
 def _clamp_chosen(mctx, eqn):
     """Which operand of ``clamp(lo, x, hi)`` JAX's JVP selects in each lane
-    (strict inequalities, as in ``lax._clamp_jvp``)."""
+    (strict inequalities, as in ``lax._clamp_jvp``), or is NaN there: XLA's
+    ``clamp`` returns a NaN operand or bound (module docstring)."""
     lo, x, hi = (mctx.value(v) for v in eqn.invars)
     m = xp(lo, x, hi)
+
+    def or_nan(chosen, v):
+        return m.logical_or(chosen, m.not_equal(v, v))
+
     return [
-        lambda: m.logical_and(m.greater(lo, x), m.less(lo, hi)),
-        lambda: m.logical_and(m.greater(x, lo), m.less(x, hi)),
-        lambda: m.less(hi, x),
+        lambda: or_nan(m.logical_and(m.greater(lo, x), m.less(lo, hi)), lo),
+        lambda: or_nan(m.logical_and(m.greater(x, lo), m.less(x, hi)), x),
+        lambda: or_nan(m.less(hi, x), hi),
     ]
 
 
@@ -246,7 +267,8 @@ class Clamp(JaxRule):
 
 class ReduceChooser(ForwardExitSelection):
     """``reduce_max``/``reduce_min``: live where the element equals the result
-    (JAX's JVP sums tangent * location-indicator / count)."""
+    (JAX's JVP sums tangent * location-indicator / count), and where the
+    element is NaN (module docstring)."""
 
     kind = "selection"
 
@@ -260,7 +282,7 @@ class ReduceChooser(ForwardExitSelection):
         x = mctx.value(eqn.invars[0])
         ans = mctx.value(eqn.outvars[0])
         m = xp(x, ans)
-        chosen = normalize(m.equal(x, m.reshape(ans, keep)))
+        chosen = normalize(holds_result(m, x, m.reshape(ans, keep)))
         out = out_masks[0]
         if out is not ALL and out is not NONE:
             out = normalize(xp(out).broadcast_to(xp(out).reshape(out, keep), in_shape))
@@ -283,7 +305,7 @@ class ReduceChooser(ForwardExitSelection):
         x = mctx.value(eqn.invars[0])
         ans = mctx.value(eqn.outvars[0])
         m = xp(x, ans, tin)
-        chosen_live = m.logical_and(m.equal(x, m.reshape(ans, keep)), tin)
+        chosen_live = m.logical_and(holds_result(m, x, m.reshape(ans, keep)), tin)
         return [normalize(m.any(chosen_live, axis=axes))]
 
 

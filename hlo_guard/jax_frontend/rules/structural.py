@@ -30,6 +30,7 @@ from hlo_guard.jax_frontend.index_values import index_components, iota_axis
 from hlo_guard.jax_frontend.mask_ops import (
     and_,
     broadcast_source,
+    holds_result,
     is_static,
     lax_ops,
     materialize,
@@ -45,6 +46,7 @@ from hlo_guard.jax_frontend.rules.base import (
     forward_join,
     forward_placed,
     joined,
+    or_all,
 )
 from passes.lattice import LIVE, NO_DERIVATIVE, Level, Liveness
 from passes.masks import ALL, NONE
@@ -138,13 +140,15 @@ class _LinearProbe:
     time the probe runs eagerly and yields numpy masks.
     """
 
-    def __init__(self, mctx, eqn, seeds, *, value_dependent, bilinear, seed):
+    def __init__(self, mctx, eqn, seeds, *, value_dependent, bilinear, seed, at=None):
         self.eqn = eqn
         self.diff = diff_indices(eqn)
         self.bilinear = bilinear
         self.value_dependent = value_dependent
         probed = set() if value_dependent else set(self.diff)
         known = {i: mctx.value(v) for i, v in enumerate(eqn.invars) if i not in probed}
+        if at is not None:
+            known = {i: at(eqn, i, x) for i, x in known.items()}
         self.static = all(is_static(x) for x in known.values()) and all(is_static(x) for x in seeds)
         self.vals = [known[i] if i in known else self._filled(i, 0) for i in range(len(eqn.invars))]
         self.prim, self.params = seed(eqn) if seed else (eqn.primitive, dict(eqn.params))
@@ -201,7 +205,7 @@ def _finish(mask, static):
 
 
 def transpose_masks(
-    mctx, eqn, out_masks, *, value_dependent=False, bilinear=False, seed=None
+    mctx, eqn, out_masks, *, value_dependent=False, bilinear=False, seed=None, at=None
 ) -> list:
     """Input masks: JAX's own VJP of the operation applied to the float output
     masks; an input lane is live iff what comes back is non-zero."""
@@ -210,7 +214,7 @@ def transpose_masks(
         return [NONE] * n
     cts = [_float_seed(m, v.aval) for m, v in zip(out_masks, eqn.outvars)]
     probe = _LinearProbe(
-        mctx, eqn, cts, value_dependent=value_dependent, bilinear=bilinear, seed=seed
+        mctx, eqn, cts, value_dependent=value_dependent, bilinear=bilinear, seed=seed, at=at
     )
 
     def compute():
@@ -225,7 +229,9 @@ def transpose_masks(
     return [_finish(found.get(i), static) for i in range(n)]
 
 
-def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False, seed=None) -> list:
+def tangent_masks(
+    mctx, eqn, in_masks, *, value_dependent=False, bilinear=False, seed=None, at=None
+) -> list:
     """Forward counterpart of :func:`transpose_masks`: JAX's own JVP of the
     operation applied to the float input masks; non-zero = may be non-zero."""
     diff = diff_indices(eqn)
@@ -240,6 +246,7 @@ def tangent_masks(mctx, eqn, in_masks, *, value_dependent=False, bilinear=False,
         value_dependent=value_dependent,
         bilinear=bilinear,
         seed=seed,
+        at=at,
     )
 
     def compute():
@@ -783,12 +790,62 @@ class _MultiplyingChooser(ForwardExitSelection, Structural):
     kept its ``0 * inf``, unguarded and unreported (found 2026-11-26,
     ``sum(cummax(log(x))[1:])``); ``scatter-max`` had no rule (reported).
     Like ``reduce_max`` these are forward-mode exits, not reverse hazards
-    (:class:`ForwardExitSelection`)."""
+    (:class:`ForwardExitSelection`).
+
+    A NaN operand wins: XLA's ``max`` propagates it into every output lane
+    that reads it, so its lane is a taken path (contract 3), while JAX's
+    ``x == ans`` coefficients are 0 there (``cummax([1, nan, 4])`` gave the
+    NaN lane a zero gradient under a NaN result).  So a NaN lane's mask comes
+    from a second probe, with each NaN replaced by the value that wins as it
+    does (``+inf`` for a maximum, ``-inf`` for a minimum: :meth:`_nan_wins`);
+    every other lane keeps the probe at the operands themselves (a finite
+    lane beside a NaN result lost to it, even one equal to that infinity)."""
 
     kind = "selection"
 
     def __init__(self):
         super().__init__(_always, guards=True, value_dependent=True)
+
+    @staticmethod
+    def _nan_wins(eqn, index, value):
+        if not is_inexact_aval(eqn.invars[index].aval):
+            return value
+        wins = np.inf if eqn.primitive.name.endswith("max") else -np.inf
+        if is_static(value):
+            value = np.asarray(value)
+            return np.where(np.isnan(value), np.asarray(wins, value.dtype), value)
+        return lax.select(lax.ne(value, value), lax.full_like(value, wins), value)
+
+    @staticmethod
+    def _nan_lanes(mctx, v):
+        """Where operand ``v`` is NaN (NONE for a non-float or a NaN-free
+        constant)."""
+        if is_literal(v) or not is_inexact_aval(v.aval):
+            return NONE
+        x = mctx.value(v)
+        return normalize(xp(x).not_equal(x, x))
+
+    def input_masks(self, mctx, node, eqn, out_masks):
+        masks = super().input_masks(mctx, node, eqn, out_masks)
+        nans = [self._nan_lanes(mctx, v) for v in eqn.invars]
+        if all(n is NONE for n in nans):
+            return masks
+        won = transpose_masks(mctx, eqn, out_masks, value_dependent=True, at=self._nan_wins)
+        return [
+            or_all([m, and_(n, w, aval_shape(v))]) if n is not NONE else m
+            for m, n, w, v in zip(masks, nans, won, eqn.invars)
+        ]
+
+    def forward_masks(self, mctx, node, eqn, in_masks):
+        masks = super().forward_masks(mctx, node, eqn, in_masks)
+        nans = [
+            and_(n, m, aval_shape(v))
+            for n, m, v in zip((self._nan_lanes(mctx, v) for v in eqn.invars), in_masks, eqn.invars)
+        ]
+        if all(n is NONE for n in nans):
+            return masks
+        won = tangent_masks(mctx, eqn, nans, value_dependent=True, at=self._nan_wins)
+        return [or_all([m, w]) for m, w in zip(masks, won)]
 
 
 class _ScatterChooser(_MultiplyingChooser):
@@ -800,8 +857,9 @@ class _ScatterChooser(_MultiplyingChooser):
     lane: ``-6e-8``, and plain JAX's own derivative there is ``-6e-8 *
     log'(0) = -inf``).  A losing operand lane is dead by the contract (the
     per-lane ``if`` never returns it), so its mask is decided by value:
-    live iff it equals the result there (ties share) and the output lane is
-    live."""
+    live iff it equals the result there (ties share), or either is NaN
+    (:func:`~hlo_guard.jax_frontend.mask_ops.holds_result`), and the output
+    lane is live."""
 
     def input_masks(self, mctx, node, eqn, out_masks):
         masks = list(super().input_masks(mctx, node, eqn, out_masks))
@@ -811,7 +869,7 @@ class _ScatterChooser(_MultiplyingChooser):
         operand = mctx.value(eqn.invars[0])
         out = mctx.value(eqn.outvars[0])
         m = xp(operand, out)
-        masks[0] = and_(out_masks[0], normalize(m.equal(operand, out)), shape)
+        masks[0] = and_(out_masks[0], normalize(holds_result(m, operand, out)), shape)
         return masks
 
 

@@ -19,6 +19,16 @@ differentiates must never be marked dead:
 * ``Relu``/``Relu6``: lanes whose output is in ``(0, 6)`` / ``> 0``
   (``ReluGrad``/``Relu6Grad`` read the output).  The CPU kernels multiply by
   the 0/1 indicator, so the input is guarded.
+
+A NaN operand of ``Maximum``/``Minimum`` is what the result holds (both TF's
+kernels and XLA propagate it), so its lane is a taken path whose NaN gradient
+the guards must not hide (contract 3); TF's ``x >= y`` is false there, so
+``x``'s mask also holds where ``x`` is NaN.  A ``Max``/``Min`` reduction
+whose result is NaN (TF's CPU kernel propagates; its XLA lowering skips
+NaNs) keeps its NaN elements live.  On lanes without a NaN every
+mask is TF's condition exactly.  (``ClipByValue``'s ``t`` and the ``y`` of
+``Maximum`` get the cotangent on a NaN lane by TF's own rule: negations,
+which :func:`hlo_guard.tf.mask_ops.not_` keeps NaN-true.)
 """
 
 from __future__ import annotations
@@ -91,22 +101,23 @@ class MaximumMinimum(TFRule):
         return [lv, lv]
 
     def _chosen(self, mctx, op):
+        """Per operand, the output lanes where it is live: TF's choice, and
+        for ``x`` also where ``x`` is NaN (module docstring)."""
         out = mctx.shaped(op.outputs[0])
         x, y = (mctx.value(t) for t in op.inputs)
-        xmask = broadcast_like(normalize(self.x_wins(x, y)), out)
-        return out, x, y, xmask
+        x_wins = normalize(self.x_wins(x, y))
+        x_live = or_all([x_wins, normalize(tf.math.is_nan(x))])
+        return out, [broadcast_like(x_live, out), broadcast_like(not_(x_wins), out)]
 
     def input_masks(self, mctx, node, op, out_masks):
-        out, x, y, xmask = self._chosen(mctx, op)
+        out, chosen = self._chosen(mctx, op)
         return [
-            reduce_to(and_(out_masks[0], xmask), out, x),
-            reduce_to(and_(out_masks[0], not_(xmask)), out, y),
+            reduce_to(and_(out_masks[0], c), out, mctx.value(t)) for c, t in zip(chosen, op.inputs)
         ]
 
     def broadcast_operand_mask(self, mctx, node, op, index, out_masks):
         """The mask at the *output* shape, for guarding a broadcast operand."""
-        _, _, _, xmask = self._chosen(mctx, op)
-        return and_(out_masks[0], xmask if index == 0 else not_(xmask))
+        return and_(out_masks[0], self._chosen(mctx, op)[1][index])
 
     def forward(self, fa, node, ins):
         # TF's derivative selects (x where it wins, ties included): the
@@ -115,8 +126,8 @@ class MaximumMinimum(TFRule):
         return forward_placed(fa, node, ins)
 
     def forward_masks(self, mctx, node, op, in_masks):
-        out, _, _, xmask = self._chosen(mctx, op)
-        return [_pick(in_masks, [xmask, not_(xmask)], out)]
+        out, chosen = self._chosen(mctx, op)
+        return [_pick(in_masks, chosen, out)]
 
 
 class ClipByValue(TFRule):
@@ -153,10 +164,19 @@ class ClipByValue(TFRule):
 
 
 class ReduceChooser(TFRule):
-    """``Max``/``Min``: live where the element equals the reduced result."""
+    """``Max``/``Min``: live where the element equals the reduced result, or
+    is a NaN the result holds (module docstring)."""
 
     kind = "selection"
     guards = True
+
+    @staticmethod
+    def _chosen(x, y, kept):
+        # a NaN element is the result only where the result is NaN: TF's CPU
+        # kernel propagates it, its XLA lowering skips it
+        y = tf.reshape(y, kept)
+        nan_taken = tf.logical_and(tf.math.is_nan(x), tf.math.is_nan(y))
+        return tf.logical_or(tf.equal(x, y), nan_taken)
 
     def transfer(self, analysis, node, outs):
         return [dropping(analysis, node, joined(outs)), NO_DERIVATIVE]
@@ -171,7 +191,7 @@ class ReduceChooser(TFRule):
         axes = mctx.value(op.inputs[1])
         y = mctx.value(op.outputs[0])
         kept = compat.reduced_shape(tf.shape(x), axes)
-        chosen = normalize(tf.equal(x, tf.reshape(y, kept)))
+        chosen = normalize(self._chosen(x, y, kept))
         out = out_masks[0]
         if out is not ALL and out is not NONE:
             out = tf.broadcast_to(tf.reshape(out, kept), tf.shape(x))
@@ -189,7 +209,7 @@ class ReduceChooser(TFRule):
         y = mctx.value(op.outputs[0])
         axes = mctx.value(op.inputs[1])
         kept = compat.reduced_shape(tf.shape(x), axes)
-        chosen = tf.equal(x, tf.reshape(y, kept))
+        chosen = self._chosen(x, y, kept)
         live = tf.reduce_any(
             tf.logical_and(m, chosen), axis=axes, keepdims=op.get_attr("keep_dims")
         )
