@@ -12,7 +12,11 @@ import pytest
 from jax import lax
 
 from hlo_guard.jax_frontend.graph import JaxprGraph
-from hlo_guard.jax_frontend.rules.predicate_facts import case_facts, implied_nonzero
+from hlo_guard.jax_frontend.rules.predicate_facts import (
+    case_facts,
+    implied_bounded_above,
+    implied_nonzero,
+)
 
 _COMPARE = {"gt": lax.gt, "ge": lax.ge, "lt": lax.lt, "le": lax.le, "eq": lax.eq, "ne": lax.ne}
 _NUMPY = {"gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less_equal,
@@ -20,9 +24,10 @@ _NUMPY = {"gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less
 _SAMPLES = np.array([-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0], np.float32)
 
 
-def _claims(op, side, c, case):
+def _claims(op, side, c, case, bounds=False):
     """(nonzero, positive) the facts give for ``x`` in the lanes where
-    ``select_n(op(x, c) or op(c, x), a, b)`` takes ``case``."""
+    ``select_n(op(x, c) or op(c, x), a, b)`` takes ``case`` (``bounds``: and
+    whether ``x`` is bounded above there, a third element)."""
 
     def f(x, a, b):
         pred = _COMPARE[op](x, jnp.float32(c)) if side == 0 else _COMPARE[op](jnp.float32(c), x)
@@ -32,12 +37,13 @@ def _claims(op, side, c, case):
     jaxpr = jax.make_jaxpr(f)(z, z, z).jaxpr
     graph = JaxprGraph(jaxpr)
     select = next(e for e in jaxpr.eqns if e.primitive.name == "select_n")
-    facts = case_facts(graph, select, case)
+    facts = case_facts(graph, select, case, bounds=bounds)
     x = jaxpr.invars[0]
-    return (
+    claims = (
         implied_nonzero(graph, x, (), facts),
         implied_nonzero(graph, x, (), facts, positive=True),
     )
+    return (*claims, implied_bounded_above(graph, x, (), facts)) if bounds else claims
 
 
 _GRID = list(itertools.product(sorted(_COMPARE), (0, 1), (-1.0, 0.0, 1.5), (0, 1)))
@@ -53,6 +59,23 @@ def test_every_claim_holds_on_the_lanes_the_case_takes(op, side, c, case):
         assert np.all(taken != 0), (op, side, c, case, taken)
     if positive:
         assert nonzero and np.all(taken > 0), (op, side, c, case, taken)
+
+
+@pytest.mark.parametrize("op,side,c,case", _GRID)
+def test_every_bound_holds_on_the_lanes_the_case_takes(op, side, c, case):
+    """The "bounded above" facts (for ``exp``) hold where claimed, are made
+    by the comparisons that bound, and never add a nonzero claim."""
+    nonzero, positive, bounded = _claims(op, side, c, case, bounds=True)
+    assert (nonzero, positive) == _claims(op, side, c, case)
+    x = _SAMPLES
+    pred = _NUMPY[op](x, c) if side == 0 else _NUMPY[op](c, x)
+    taken = x[pred == bool(case)]
+    if bounded:
+        assert np.all(taken <= c), (op, side, c, case, taken)
+    # where the taken lanes are bounded by c and the comparison says so
+    bounding = {(1, 0): ("lt", "le", "eq"), (1, 1): ("gt", "ge", "eq"),
+                (0, 0): ("ge", "gt", "ne"), (0, 1): ("le", "lt", "ne")}  # fmt: skip
+    assert bounded == (op in bounding[(case, side)]), (op, side, c, case)
 
 
 @pytest.mark.parametrize(

@@ -372,8 +372,22 @@ def _entropy(a, log_of):
     return -jnp.sum(jnp.where(a > 0, a * log_of(a), 0.0))
 
 
-#: name -> (f, its double where, x): found by a user-style hunt (2026-11-28,
-#: graph networks with padded nodes): reported, though exact
+def _mul_exp(x, logp):
+    """distrax's ``utils.math.mul_exp`` (every ``Categorical``/``Softmax``
+    entropy and KL, rlax's entropy losses): ``x * exp(logp)``, zero where the
+    exponential underflows."""
+    p = jnp.exp(logp)
+    return jnp.where(p == 0, 0.0, x) * p
+
+
+def _mul_exp_double_where(x, logp):
+    p = jnp.exp(logp)
+    return jnp.where(p == 0, 0.0, jnp.where(p == 0, 0.0, x) * p)
+
+
+#: name -> (f, its double where, x): found by user-style hunts (2026-11-28,
+#: graph networks with padded nodes; distrax and rlax entropies): reported,
+#: though exact
 _WHERE_KEEPS_FINITE = {
     "gcn norm * gcn norm": (
         lambda d: jnp.sum(_gcn_norm(d) * _gcn_norm(d) * jnp.array([1.0, 1.0, 1.0, 0.0])),
@@ -386,6 +400,18 @@ _WHERE_KEEPS_FINITE = {
         lambda z: _entropy(_attention(z), jnp.log),
         lambda z: _entropy(_attention(z), lambda a: jnp.log(jnp.where(a > 0, a, 1.0))),
         jnp.array([0.3, -200.0, 2.0, 0.5, 0.1]),
+    ),
+    # where exp(logp) == 0 its derivative, exp(logp), is 0 as well
+    "distrax mul_exp entropy": (
+        lambda z: -jnp.sum(_mul_exp(jax.nn.log_softmax(z), jax.nn.log_softmax(z))),
+        lambda z: -jnp.sum(_mul_exp_double_where(jax.nn.log_softmax(z), jax.nn.log_softmax(z))),
+        jnp.array([[1.0, 2.0, -1.0, 0.3], [0.5, 0.1, -200.0, -2.0]]),
+    ),
+    # zero only where exp(y) underflows anyway: y < -50 bounds it
+    "where(y < -50, 0, y) * exp(y)": (
+        lambda y: jnp.sum(jnp.where(y < -50.0, 0.0, y) * jnp.exp(y)),
+        lambda y: jnp.sum(jnp.where(y < -50.0, 0.0, y * jnp.exp(y))),
+        jnp.array([1.0, -3.0, -100.0, 49.0]),
     ),
 }
 
@@ -428,6 +454,16 @@ _ZEROED_LANES_MEET_INF = {
             jnp.array([True, False]).astype(jnp.float32) * jnp.where(x >= 0, x**0.5, 0.0)
         ),
         jnp.array([1.0, 0.0]),
+    ),
+    # zero where exp(y) is large: exp(100) = inf in float32, and 0 * inf
+    "zero where the exponential is large": (
+        lambda y: jnp.sum(jnp.where(jnp.exp(y) > 5.0, 0.0, y) * jnp.exp(y)),
+        jnp.array([1.0, 100.0]),
+    ),
+    # a bound on another value says nothing about this exponential
+    "zero where another value is bounded": (
+        lambda y: jnp.sum(jnp.where(-y < 0.0, 0.0, y) * jnp.exp(y)),
+        jnp.array([-1.0, 100.0]),
     ),
     # x >= 0 does not make x nonzero
     "mask times where(x >= 0, sqrt)": (

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hlo_guard.jax_frontend.graph import is_bool, is_literal
-from passes.comparisons import COMPARISONS, IMPLIED_WHEN
+from passes.comparisons import BOUNDED_ABOVE_WHEN, COMPARISONS, IMPLIED_WHEN
 
 #: lane-wise operations under which a value is nonzero exactly where its
 #: operand is (``sqrt`` of a positive value is positive)
@@ -34,12 +34,14 @@ LANE_COPIES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"
 
 class Fact(NamedTuple):
     """``value`` (in ``graph``) is nonzero -- and ``positive`` if so -- in the
-    lanes of a selection, reached from them by the lane ``copies``."""
+    lanes of a selection, reached from them by the lane ``copies``; or, when
+    ``bounded``, only that it is at most a finite constant there."""
 
     graph: Any
     value: Any
     copies: tuple
     positive: bool
+    bounded: bool = False
 
 
 def zero_preserving_chain(graph, atom, copies: tuple = (), depth: int = 8) -> list:
@@ -89,12 +91,15 @@ def copy_key(eqn):
     )
 
 
-def case_facts(graph, select, case: int) -> tuple[Fact, ...]:
+def case_facts(graph, select, case: int, bounds: bool = False) -> tuple[Fact, ...]:
     """What holds in the lanes where ``select`` -- a two-way ``select_n`` on
     a boolean, or a boolean converted to a number (the ``select_n(m, 0, 1)``
     it stands for) -- takes its case ``case`` (0: where the predicate is
     false), from a comparison of a value against a constant beneath the
-    predicate's lane copies."""
+    predicate's lane copies.  ``bounds``: also the ``bounded`` facts (asked
+    for the zeroing selection only: on every ``where`` a walk passes they
+    would multiply the fact sets it tells apart, for an ``exp`` it rarely
+    meets)."""
     name = select.primitive.name
     if name == "select_n" and len(select.invars) != 3:
         return ()
@@ -109,6 +114,9 @@ def case_facts(graph, select, case: int) -> tuple[Fact, ...]:
         return val is not None and bool(np.all(test(np.asarray(val))))
 
     facts: list[Fact] = []
+    for op, side, test in BOUNDED_ABOVE_WHEN[case == 1] if bounds else ():
+        if cmp.primitive.name == op and constant(cmp.invars[1 - side], test):
+            facts.append(Fact(cmp_graph, cmp.invars[side], pred_copies, False, bounded=True))
     for op, side, test, positive in IMPLIED_WHEN[case == 1]:
         if cmp.primitive.name != op or not constant(cmp.invars[1 - side], test):
             continue
@@ -130,12 +138,22 @@ def implied_nonzero(graph, atom, implicit: tuple, facts, positive: bool = False)
             break
         for fact in facts:
             if (
-                fact.copies == copies
+                not fact.bounded
+                and fact.copies == copies
                 and (fact.positive or not positive)
                 and fact.graph.same_value(fact.value, g, v)
             ):
                 return True
     return False
+
+
+def implied_bounded_above(graph, atom, implicit: tuple, facts) -> bool:
+    """Whether ``facts`` bound ``atom`` (read with the reader's ``implicit``
+    broadcast) above by a finite constant in their lanes."""
+    return any(
+        fact.bounded and fact.copies == implicit and fact.graph.same_value(fact.value, graph, atom)
+        for fact in facts
+    )
 
 
 def implicit_broadcast(operand, out) -> tuple | None:

@@ -25,6 +25,7 @@ from hlo_guard.jax_frontend.rules.hazards import (
 from hlo_guard.jax_frontend.rules.predicate_facts import (
     case_facts,
     implicit_broadcast,
+    implied_bounded_above,
     implied_nonzero,
 )
 from hlo_guard.jax_frontend.value_bounds import lower_bound
@@ -121,7 +122,7 @@ def _finite_where_zeroed(analysis, graph, mul, zero_index: int) -> bool:
     zero_facts = [
         taken
         + (
-            case_facts(sg, select, next(iter(cases)))
+            case_facts(sg, select, next(iter(cases)), bounds=True)
             if len(cases) == 1 and tuple(select.outvars[0].aval.shape) == shape
             else ()
         )
@@ -189,9 +190,17 @@ def _lane_wise(analysis, eqn, shape: tuple) -> bool:
 
 def _operand_nonzero(graph, eqn, facts) -> bool:
     """Whether ``facts`` make the singular ``eqn``'s derivative finite: the
-    operand it is singular at zero in nonzero (positive) in their lanes."""
+    operand it is singular at zero in nonzero (positive) in their lanes; for
+    ``exp`` (singular where it overflows), its operand or its result bounded
+    above (distrax's ``mul_exp``: ``where(exp(logp) == 0, 0, x) * exp(logp)``)."""
     name = eqn.primitive.name
     need: tuple[int, bool] | None
+    if name == "exp":
+        return any(
+            (implicit := implicit_broadcast(v, eqn.outvars[0])) is not None
+            and implied_bounded_above(graph, v, implicit, facts)
+            for v in (eqn.invars[0], eqn.outvars[0])
+        )
     if name == "integer_pow" and eqn.params.get("y", 1) < 0:
         need = (0, False)
     elif name == "pow":
