@@ -158,6 +158,38 @@ def test_a_where_made_zero_over_an_unknown_divisor_is_reported():
     assert [u.op for u in _where_made(explain(f, _X))] == ["div"]
 
 
+_POINTS = jnp.array([[0.0, 0.0], [1.0, 0.5], [1.0, 0.5]], jnp.float32)
+_R2 = jnp.sum((_POINTS[:, None] - _POINTS[None]) ** 2, -1)
+
+
+def _matern32(ell, double_where=False):
+    """A Matern 3/2 kernel sum over pairwise distances (zero on the diagonal
+    and for the duplicated point), differentiated in its lengthscale."""
+    inner = jnp.where(_R2 > 0, _R2, 1.0) if double_where else _R2
+    r = jnp.where(_R2 > 0, jnp.sqrt(inner), 0.0)
+    a = np.float32(np.sqrt(3.0)) * r / ell
+    return jnp.sum((1 + a) * jnp.exp(-a))
+
+
+def test_a_where_made_zero_over_a_divisor_shared_by_every_lane_is_not_reported():
+    """``r / ell`` with a scalar lengthscale: if ``ell`` is 0 every lane's
+    quotient is singular, the user's own division, not the where's (found by
+    a user-style hunt: every Matern kernel differentiated in ``ell``)."""
+    ell = jnp.float32(0.8)
+    assert not _where_made(explain(_matern32, ell))
+    for T in (jax.grad, jax.hessian):
+        np.testing.assert_allclose(
+            T(hlo_guard.guard(_matern32))(ell), T(lambda e: _matern32(e, True))(ell), rtol=1e-6
+        )
+
+
+def test_a_where_made_zero_over_its_own_scalar_divisor_is_still_reported():
+    """One lane: the divisor is not shared with any lane the where keeps."""
+    f = lambda x: jnp.where(x > 0, 1.0, 0.0) / x  # noqa: E731
+    assert np.isnan(np.asarray(f(jnp.float32(0.0))))
+    assert [u.op for u in _where_made(explain(f, jnp.float32(0.0)))] == ["div"]
+
+
 _ROWS = jnp.array([[1.0, 2.0, 2.0], [0.5, -1.0, 3.0], [0.0, 0.0, 0.0]])
 _ROW_MASK = jnp.array([True, False, True])
 _W = jnp.arange(1.0, 4.0)

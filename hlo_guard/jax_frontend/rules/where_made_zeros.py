@@ -9,6 +9,8 @@ the trace need not pay for.  What lies behind a value is asked of
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from hlo_guard.jax_frontend.bodies import REWRITTEN_CALLS
@@ -256,11 +258,40 @@ def where_made_zero_quotients(analysis) -> list[UnguardedSite]:
         if not out.reaches_output:
             continue
         num, den = eqn.invars
+        if _one_divisor_for_every_lane(graph, den, eqn):
+            continue
         sources = zero_selects(graph, num, memo=memo)
         if sources and not all(_divisor_nonzero(graph, den, s, eqn) for s in sources):
             if not _quotient_selected_where_divisor_nonzero(analysis, eqn):
                 found.append(UnguardedSite(node, WHERE_MADE_ZERO_QUOTIENT, out))
     return found
+
+
+def _one_divisor_for_every_lane(graph, den, div, depth: int = 8) -> bool:
+    """Whether ``den`` is one number shared by every lane of a quotient of
+    several (a scalar, broadcast: a GP kernel's ``r / lengthscale``).  If it
+    is zero, every lane's quotient is singular, not only the ones a ``where``
+    zeroed: a singularity of the user's own division, visible in its forward
+    value, not a where-made one (found by a user-style hunt, 2026-11-28:
+    every Matern kernel differentiated in its lengthscale was reported)."""
+    if math.prod(div.outvars[0].aval.shape) <= 1:
+        return False
+    for _ in range(depth):
+        if math.prod(getattr(den.aval, "shape", ())) == 1:
+            return True
+        graph, den = graph.value_source(den)
+        found = None if is_literal(den) else graph.producer(den)
+        if found is None:
+            return False
+        eqn = graph.eqns[found[0]]
+        if eqn.primitive.name not in _SHARED_COPIES:
+            return False
+        den = eqn.invars[0]
+    return False
+
+
+#: operations that copy one value to more lanes (:func:`_one_divisor_for_every_lane`)
+_SHARED_COPIES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "convert_element_type"})
 
 
 def _quotient_selected_where_divisor_nonzero(analysis, div) -> bool:
