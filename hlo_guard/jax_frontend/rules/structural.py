@@ -208,7 +208,9 @@ def transpose_masks(
     mctx, eqn, out_masks, *, value_dependent=False, bilinear=False, seed=None, at=None
 ) -> list:
     """Input masks: JAX's own VJP of the operation applied to the float output
-    masks; an input lane is live iff what comes back is non-zero."""
+    masks; an input lane is live iff what comes back is non-zero.  A
+    value-dependent probe runs at the operands, or at ``at(eqn, index,
+    value)`` of each when given."""
     n = len(eqn.invars)
     if not diff_indices(eqn) or all(m is NONE for m in out_masks):
         return [NONE] * n
@@ -857,7 +859,7 @@ class _ScatterChooser(_MultiplyingChooser):
     lane: ``-6e-8``, and plain JAX's own derivative there is ``-6e-8 *
     log'(0) = -inf``).  A losing operand lane is dead by the contract (the
     per-lane ``if`` never returns it), so its mask is decided by value:
-    live iff it equals the result there (ties share), or either is NaN
+    live iff it equals the result there (ties share) or is NaN
     (:func:`~hlo_guard.jax_frontend.mask_ops.holds_result`), and the output
     lane is live."""
 
