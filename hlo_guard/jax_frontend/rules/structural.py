@@ -797,10 +797,13 @@ class _MultiplyingChooser(ForwardExitSelection, Structural):
     A NaN operand wins: XLA's ``max`` propagates it into every output lane
     that reads it, so its lane is a taken path (contract 3), while JAX's
     ``x == ans`` coefficients are 0 there (``cummax([1, nan, 4])`` gave the
-    NaN lane a zero gradient under a NaN result).  So a NaN lane's mask comes
-    from a second probe, with each NaN replaced by the value that wins as it
-    does (``+inf`` for a maximum, ``-inf`` for a minimum: :meth:`_nan_wins`);
-    every other lane keeps the probe at the operands themselves (a finite
+    NaN lane a zero gradient under a NaN result).  So a NaN lane is live
+    where an output lane it reaches is: for ``cummax`` every later one, the
+    lanes ``cumsum`` reads (a cumulative OR: probing ``cummax`` again would
+    double its associative scan in the compiled masks), for ``scatter-max``
+    from a second probe with each NaN replaced by the value that wins as it
+    does (``+inf`` for a maximum, ``-inf`` for a minimum: :meth:`_nan_wins`).
+    Every other lane keeps the probe at the operands themselves (a finite
     lane beside a NaN result lost to it, even one equal to that infinity)."""
 
     kind = "selection"
@@ -832,7 +835,10 @@ class _MultiplyingChooser(ForwardExitSelection, Structural):
         nans = [self._nan_lanes(mctx, v) for v in eqn.invars]
         if all(n is NONE for n in nans):
             return masks
-        won = transpose_masks(mctx, eqn, out_masks, value_dependent=True, at=self._nan_wins)
+        if eqn.primitive.name in ("cummax", "cummin"):
+            won = transpose_masks(mctx, eqn, out_masks, seed=_as_cumsum)
+        else:
+            won = transpose_masks(mctx, eqn, out_masks, value_dependent=True, at=self._nan_wins)
         return [
             or_all([m, and_(n, w, aval_shape(v))]) if n is not NONE else m
             for m, n, w, v in zip(masks, nans, won, eqn.invars)
@@ -846,7 +852,10 @@ class _MultiplyingChooser(ForwardExitSelection, Structural):
         ]
         if all(n is NONE for n in nans):
             return masks
-        won = tangent_masks(mctx, eqn, nans, value_dependent=True, at=self._nan_wins)
+        if eqn.primitive.name in ("cummax", "cummin"):
+            won = tangent_masks(mctx, eqn, nans, seed=_as_cumsum)
+        else:
+            won = tangent_masks(mctx, eqn, nans, value_dependent=True, at=self._nan_wins)
         return [or_all([m, w]) for m, w in zip(masks, won)]
 
 
