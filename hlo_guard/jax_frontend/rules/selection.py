@@ -68,11 +68,13 @@ def _chosen_forward(chosen_masks, in_masks, shape):
 
 
 def forward_chosen(fa, node, ins):
-    """``max``/``min``/``clamp``: even with every operand's tangent live, a lane
-    where no operand equals the result (a NaN) gets JAX's tangent ``t * 0`` from
-    every side -- structurally zero, and ``arccos'(NaN) * 0`` downstream is NaN
-    where the per-lane program has no derivative at all.  So the output is never
-    statically fully live in forward mode."""
+    """``max``/``min``/``clamp``: the output is never statically fully live in
+    forward mode; its mask (:func:`_chosen_forward`) says which lanes take a
+    live tangent.  (Written when a NaN lane counted as taking no operand.
+    Since NaN operands count as taken, ``max``/``min`` of two operands with
+    fully live tangents is live in every lane, and its output guard selects
+    nothing; a cheaper reading would skip it.  ``clamp`` with a constant
+    bound still has lanes without a tangent.)"""
     eqn = fa.graph.eqns[node]
     floats = [lv for v, lv in zip(eqn.invars, ins) if is_inexact_aval(v.aval)]
     if not any(lv.reaches_output for lv in floats):
