@@ -830,15 +830,20 @@ class _MultiplyingChooser(ForwardExitSelection, Structural):
         x = mctx.value(v)
         return normalize(xp(x).not_equal(x, x))
 
+    def _nan_reach(self, propagate, mctx, eqn, masks):
+        """``propagate`` (:func:`transpose_masks` or :func:`tangent_masks`)
+        of ``masks`` as a NaN wins: ``cumsum``'s lanes for a running
+        maximum, else a probe with each NaN made the winning infinity."""
+        if eqn.primitive.name in ("cummax", "cummin"):
+            return propagate(mctx, eqn, masks, seed=_as_cumsum)
+        return propagate(mctx, eqn, masks, value_dependent=True, at=self._nan_wins)
+
     def input_masks(self, mctx, node, eqn, out_masks):
         masks = super().input_masks(mctx, node, eqn, out_masks)
         nans = [self._nan_lanes(mctx, v) for v in eqn.invars]
         if all(n is NONE for n in nans):
             return masks
-        if eqn.primitive.name in ("cummax", "cummin"):
-            won = transpose_masks(mctx, eqn, out_masks, seed=_as_cumsum)
-        else:
-            won = transpose_masks(mctx, eqn, out_masks, value_dependent=True, at=self._nan_wins)
+        won = self._nan_reach(transpose_masks, mctx, eqn, out_masks)
         return [
             or_all([m, and_(n, w, aval_shape(v))]) if n is not NONE else m
             for m, n, w, v in zip(masks, nans, won, eqn.invars)
@@ -852,10 +857,7 @@ class _MultiplyingChooser(ForwardExitSelection, Structural):
         ]
         if all(n is NONE for n in nans):
             return masks
-        if eqn.primitive.name in ("cummax", "cummin"):
-            won = tangent_masks(mctx, eqn, nans, seed=_as_cumsum)
-        else:
-            won = tangent_masks(mctx, eqn, nans, value_dependent=True, at=self._nan_wins)
+        won = self._nan_reach(tangent_masks, mctx, eqn, nans)
         return [or_all([m, w]) for m, w in zip(masks, won)]
 
 

@@ -75,7 +75,7 @@ def where_made_zero_factors(analysis) -> list[UnguardedSite]:
 #: nonzero -- or positive: ``(operand index, positive needed)``.  ``sqrt``
 #: and ``log`` of a negative value are NaN already in the forward pass.
 #: Also ``integer_pow`` by a negative exponent and ``pow`` by a constant one
-#: (:func:`_operand_nonzero`).
+#: (:func:`_finite_by_facts`).
 _SINGULAR_ONLY_AT_ZERO = {
     "div": (1, False),
     "cbrt": (0, False),
@@ -152,7 +152,7 @@ def _finite_where_zeroed(analysis, graph, mul, zero_index: int) -> bool:
         if not _lane_wise(analysis, eqn, shape):
             return None if singular_before(g, v) else []
         if singular_here(g, eqn) and not all(
-            _operand_nonzero(g, eqn, (*known, *facts)) for known in zero_facts
+            _finite_by_facts(g, eqn, (*known, *facts)) for known in zero_facts
         ):
             return None
         operands = list(enumerate(eqn.invars))
@@ -190,7 +190,7 @@ def _lane_wise(analysis, eqn, shape: tuple) -> bool:
     return all(tuple(o.aval.shape) == shape for o in eqn.outvars)
 
 
-def _operand_nonzero(graph, eqn, facts) -> bool:
+def _finite_by_facts(graph, eqn, facts) -> bool:
     """Whether ``facts`` make the singular ``eqn``'s derivative finite: the
     operand it is singular at zero in nonzero (positive) in their lanes; for
     ``exp`` (singular where it overflows), its operand or its result bounded
@@ -267,7 +267,7 @@ def where_made_zero_quotients(analysis) -> list[UnguardedSite]:
     return found
 
 
-def _one_divisor_for_every_lane(graph, den, div, depth: int = 8) -> bool:
+def _one_divisor_for_every_lane(graph, den, div) -> bool:
     """Whether ``den`` is one number shared by every lane of a quotient of
     several (a scalar, broadcast: a GP kernel's ``r / lengthscale``).  If it
     is zero, every lane's quotient is singular, not only the ones a ``where``
@@ -276,18 +276,10 @@ def _one_divisor_for_every_lane(graph, den, div, depth: int = 8) -> bool:
     every Matern kernel differentiated in its lengthscale was reported)."""
     if math.prod(div.outvars[0].aval.shape) <= 1:
         return False
-    for _ in range(depth):
-        if math.prod(getattr(den.aval, "shape", ())) == 1:
-            return True
-        graph, den = graph.value_source(den)
-        found = None if is_literal(den) else graph.producer(den)
-        if found is None:
-            return False
-        eqn = graph.eqns[found[0]]
-        if eqn.primitive.name not in _SHARED_COPIES:
-            return False
-        den = eqn.invars[0]
-    return False
+    passed: list = []
+    graph.beneath(den, _SHARED_COPIES, passed=passed)
+    copied = [den, *(eqn.invars[0] for eqn in passed)]
+    return any(math.prod(getattr(v.aval, "shape", ())) == 1 for v in copied)
 
 
 #: operations that copy one value to more lanes (:func:`_one_divisor_for_every_lane`)
